@@ -1,0 +1,60 @@
+"""Wires settings, storage and the network layer into a running broker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+
+from broker.config import Settings, split_hostport
+from broker.handlers import BrokerContext
+from broker.net import close_server, serve
+from broker.storage import Storage
+from s3stream.log import WalSettings
+from s3stream.metadata import open_metadata_store
+from s3stream.objectstore import open_object_store
+
+log = logging.getLogger("floe")
+
+
+def build_storage(settings: Settings) -> Storage:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    wal = WalSettings(
+        flush_interval_ms=settings["wal.flush.interval.ms"],
+        flush_max_bytes=settings["wal.flush.max.bytes"],
+        cache_max_bytes=settings["cache.max.bytes"],
+    )
+    return Storage(
+        open_object_store(settings.object_store_url),
+        open_metadata_store(settings.metadata_url),
+        wal,
+    )
+
+
+async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    storage = build_storage(settings)
+    await storage.open()
+    host, port = settings.listen
+    ctx = BrokerContext(storage, settings, settings["node.id"], host, port)
+    server = await serve(ctx, host, port, settings["socket.request.max.bytes"])
+    bound_host, bound_port = server.sockets[0].getsockname()[:2]
+    if settings["advertised"]:
+        ctx.host, ctx.port = split_hostport(settings["advertised"], "advertised")
+    else:
+        ctx.host = bound_host if bound_host not in ("0.0.0.0", "::") else socket.getfqdn()
+        ctx.port = bound_port
+    log.info("floe broker %d: objects %s, metadata %s, cluster %s, advertised %s:%d",
+             ctx.node_id, settings.object_store_url, settings.metadata_url, storage.cluster_id,
+             ctx.host, ctx.port)
+    print(f"listening on {bound_host}:{bound_port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await close_server(server)
+        await storage.close()

@@ -1,0 +1,90 @@
+"""`floe`: the command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from broker.config import BROKER_CONFIGS, ConfigError, env_name, load_settings
+
+BROKER_FLAGS = {  # flag -> setting key
+    "listen": "listen",
+    "advertised": "advertised",
+    "data_dir": "data.dir",
+    "node_id": "node.id",
+    "object_store": "object.store",
+    "metadata": "metadata",
+    "log_level": "log.level",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="floe", description="Kafka-compatible broker on object storage")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser(
+        "broker",
+        help="run a broker",
+        description="Run a broker. Every setting can also come from FLOE_<NAME> environment "
+        "variables or a TOML --config file (flags win, then environment, then file).",
+    )
+    b.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9092; port 0 = any)")
+    b.add_argument("--advertised", help="HOST:PORT given to clients (default: the bound address)")
+    b.add_argument("--data-dir", help="local data directory (default ./floe-data)")
+    b.add_argument("--node-id", help="this broker's id (default 0)")
+    b.add_argument("--object-store", help="object store URL (default file://<data-dir>/objects)")
+    b.add_argument("--metadata", help="metadata store URL (default sqlite:///<data-dir>/meta.db)")
+    b.add_argument("--log-level", help="debug | info | warning | error")
+    b.add_argument("--config", help="TOML file of settings")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other setting, e.g. --set num.partitions=3 (repeatable)")
+    b.add_argument("--print-settings", action="store_true",
+                   help="print every setting with where it came from, then exit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "broker":
+        return _broker(args)
+    return 2
+
+
+def _broker(args: argparse.Namespace) -> int:
+    flags: dict[str, str | None] = {key: getattr(args, flag) for flag, key in BROKER_FLAGS.items()}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in BROKER_CONFIGS:
+            print(f"floe: --set {item!r}: expected KEY=VALUE with KEY one of "
+                  f"{', '.join(sorted(BROKER_CONFIGS))}", file=sys.stderr)
+            return 2
+        flags[key] = value
+    try:
+        settings = load_settings(flags, args.config)
+    except ConfigError as e:
+        print(f"floe: {e}", file=sys.stderr)
+        return 2
+    if args.print_settings:
+        for key, value, source in settings.describe():
+            print(f"{key} = {value}    ({source}; env {env_name(key)})")
+        return 0
+    logging.basicConfig(
+        level=settings["log.level"].upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from broker.app import run_broker
+
+    try:
+        import uvloop
+
+        uvloop.run(run_broker(settings))
+    except ImportError:
+        asyncio.run(run_broker(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Broker settings and Kafka topic configs.
+
+Broker settings come from, highest first: command-line flags, `FLOE_<NAME>` environment
+variables (NAME upper-cased, dots and dashes as underscores), a TOML file (`--config`), and the
+defaults below. Every value is validated at start-up; a bad one stops the broker with a message
+naming the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Typed config definitions (shared by broker settings and topic configs)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConfigDef:
+    name: str
+    type: str  # boolean | int | long | double | string | list | password
+    default: str | None
+    doc: str = ""
+    check: Callable[[Any], bool] | None = None
+    choices: tuple[str, ...] = ()
+
+    def parse(self, raw: str) -> Any:
+        try:
+            value: Any
+            if self.type == "boolean":
+                low = raw.strip().lower()
+                if low not in ("true", "false"):
+                    raise ValueError(raw)
+                value = low == "true"
+            elif self.type in ("int", "long"):
+                value = int(raw.strip())
+                if self.type == "int" and not -(2**31) <= value < 2**31:
+                    raise ValueError(raw)
+                if not -(2**63) <= value < 2**63:
+                    raise ValueError(raw)
+            elif self.type == "double":
+                value = float(raw)
+            elif self.type == "list":
+                value = [v.strip() for v in raw.split(",") if v.strip()]
+            else:
+                value = raw
+        except ValueError:
+            raise ConfigError(f"invalid value {raw!r} for {self.name} (a {self.type})") from None
+        if self.choices:
+            values = value if isinstance(value, list) else [value]
+            for v in values:
+                if str(v).lower() not in self.choices:
+                    raise ConfigError(
+                        f"invalid value {raw!r} for {self.name}: one of {', '.join(self.choices)}"
+                    )
+        if self.check is not None and not self.check(value):
+            raise ConfigError(f"invalid value {raw!r} for {self.name}")
+        return value
+
+
+def _nonneg(v: int) -> bool:
+    return v >= 0
+
+
+def _min_minus1(v: int) -> bool:
+    return v >= -1
+
+
+def _positive(v: int) -> bool:
+    return v > 0
+
+
+LONG_MAX = str(2**63 - 1)
+
+TOPIC_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("cleanup.policy", "list", "delete", "delete or compact",
+                  choices=("delete", "compact")),
+        ConfigDef("compression.type", "string", "producer", "codec of stored batches",
+                  choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
+        ConfigDef("delete.retention.ms", "long", "86400000", check=_nonneg),
+        ConfigDef("file.delete.delay.ms", "long", "60000", check=_nonneg),
+        ConfigDef("flush.messages", "long", LONG_MAX, check=_positive),
+        ConfigDef("flush.ms", "long", LONG_MAX, check=_nonneg),
+        ConfigDef("index.interval.bytes", "int", "4096", check=_nonneg),
+        ConfigDef("max.compaction.lag.ms", "long", LONG_MAX, check=_positive),
+        ConfigDef("max.message.bytes", "int", "1048588", "largest record batch", _nonneg),
+        ConfigDef("message.downconversion.enable", "boolean", "true"),
+        ConfigDef("message.timestamp.type", "string", "CreateTime",
+                  choices=("createtime", "logappendtime")),
+        ConfigDef("message.timestamp.difference.max.ms", "long", LONG_MAX, check=_nonneg),
+        ConfigDef("message.timestamp.before.max.ms", "long", LONG_MAX, check=_nonneg),
+        ConfigDef("message.timestamp.after.max.ms", "long", LONG_MAX, check=_nonneg),
+        ConfigDef("min.cleanable.dirty.ratio", "double", "0.5",
+                  check=lambda v: 0 <= v <= 1),
+        ConfigDef("min.compaction.lag.ms", "long", "0", check=_nonneg),
+        ConfigDef("min.insync.replicas", "int", "1", check=_positive),
+        ConfigDef("preallocate", "boolean", "false"),
+        ConfigDef("retention.bytes", "long", "-1", check=_min_minus1),
+        ConfigDef("retention.ms", "long", "604800000", check=_min_minus1),
+        ConfigDef("segment.bytes", "int", "1073741824", check=lambda v: v >= 14),
+        ConfigDef("segment.index.bytes", "int", "10485760", check=_nonneg),
+        ConfigDef("segment.jitter.ms", "long", "0", check=_nonneg),
+        ConfigDef("segment.ms", "long", "604800000", check=_positive),
+        ConfigDef("unclean.leader.election.enable", "boolean", "false"),
+        ConfigDef("local.retention.ms", "long", "-2", check=lambda v: v >= -2),
+        ConfigDef("local.retention.bytes", "long", "-2", check=lambda v: v >= -2),
+        ConfigDef("remote.storage.enable", "boolean", "false"),
+    ]
+}
+
+
+def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """Check keys and values like Kafka does; returns the non-null ones. Raises ConfigError."""
+    out = {}
+    for key, raw in configs.items():
+        d = TOPIC_CONFIGS.get(key)
+        if d is None:
+            raise ConfigError(f"Unknown topic config name: {key}")
+        if raw is None:
+            raise ConfigError(f"Null value not supported for topic config {key}")
+        d.parse(raw)
+        out[key] = raw
+    return out
+
+
+def topic_config_value(configs: Mapping[str, str], key: str) -> Any:
+    d = TOPIC_CONFIGS[key]
+    raw = configs.get(key, d.default)
+    assert raw is not None
+    return d.parse(raw)
+
+
+# --------------------------------------------------------------------------------------------
+# Broker settings
+# --------------------------------------------------------------------------------------------
+BROKER_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("listen", "string", "127.0.0.1:9092", "HOST:PORT to listen on (port 0: any)"),
+        ConfigDef("advertised", "string", None, "HOST:PORT clients are told (default: listen)"),
+        ConfigDef("data.dir", "string", "./floe-data", "local directory (caches, defaults)"),
+        ConfigDef("node.id", "int", "0", check=_nonneg),
+        ConfigDef("object.store", "string", None, "URL; default file://<data-dir>/objects"),
+        ConfigDef("metadata", "string", None, "URL; default sqlite:///<data-dir>/meta.db"),
+        ConfigDef("log.level", "string", "info",
+                  choices=("debug", "info", "warning", "error")),
+        ConfigDef("auto.create.topics.enable", "boolean", "true"),
+        ConfigDef("num.partitions", "int", "1", check=_positive),
+        ConfigDef("default.replication.factor", "int", "1", check=_positive),
+        ConfigDef("socket.request.max.bytes", "int", str(100 * 1024 * 1024), check=_positive),
+        ConfigDef("message.max.bytes", "int", "1048588", check=_nonneg),
+        ConfigDef("wal.flush.interval.ms", "double", "5", check=lambda v: v >= 0),
+        ConfigDef("wal.flush.max.bytes", "int", str(8 * 1024 * 1024), check=_positive),
+        ConfigDef("cache.max.bytes", "long", str(256 * 1024 * 1024), check=_nonneg),
+        ConfigDef("fetch.max.wait.cap.ms", "int", "30000", check=_nonneg),
+    ]
+}
+
+
+def env_name(key: str) -> str:
+    return "FLOE_" + key.upper().replace(".", "_").replace("-", "_")
+
+
+@dataclass
+class Settings:
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.values["data.dir"])
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return split_hostport(self.values["listen"], "listen")
+
+    @property
+    def object_store_url(self) -> str:
+        url = self.values["object.store"]
+        return url or (self.data_dir.resolve() / "objects").as_uri()
+
+    @property
+    def metadata_url(self) -> str:
+        url = self.values["metadata"]
+        return url or f"sqlite:///{self.data_dir.resolve() / 'meta.db'}"
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(key, value, source) for every setting."""
+        return [(k, str(self.values[k]), self.sources[k]) for k in sorted(self.values)]
+
+
+def split_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def load_settings(
+    flags: Mapping[str, str | None],
+    config_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Resolve every broker setting: flags > FLOE_* env > TOML file > defaults."""
+    environ = os.environ if environ is None else environ
+    file_values: dict[str, Any] = {}
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                file_values = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {config_file}: {e}") from e
+        file_values = {k.replace("-", ".").replace("_", "."): v for k, v in file_values.items()}
+        unknown = sorted(set(file_values) - set(BROKER_CONFIGS))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) in {config_file}: {', '.join(unknown)}")
+    s = Settings()
+    for key, d in BROKER_CONFIGS.items():
+        raw: Any = None
+        if flags.get(key) is not None:
+            raw, src = flags[key], "flag"
+        elif env_name(key) in environ:
+            raw, src = environ[env_name(key)], f"env {env_name(key)}"
+        elif key in file_values:
+            raw, src = file_values[key], f"file {config_file}"
+            if isinstance(raw, bool):
+                raw = str(raw).lower()
+            raw = str(raw)
+        else:
+            raw, src = d.default, "default"
+        try:
+            s.values[key] = None if raw is None else d.parse(str(raw))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (from {src})") from None
+        s.sources[key] = src
+    split_hostport(s.values["listen"], "listen")
+    if s.values["advertised"]:
+        split_hostport(s.values["advertised"], "advertised")
+    return s

@@ -1,0 +1,91 @@
+"""Fetch (1): long-poll reads of committed data within max_bytes / partition_max_bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from broker.errors import ErrorCode, KafkaError
+from broker.handlers.base import ZERO_MS, BrokerContext, Later, api, build, nested, resp
+from broker.protocol.codec import RequestHead
+
+
+@api(1, 4, 12)
+async def fetch(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    wait_s = min(max(req.max_wait.total_seconds(), 0.0), ctx.max_wait_cap_s)
+    return Later(_fetch(ctx, head, req, wait_s))
+
+
+async def _fetch(ctx: BrokerContext, head: RequestHead, req: Any, wait_s: float) -> Any:
+    deadline = time.monotonic() + wait_s
+    keys = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
+    while True:
+        response, size, errors = await _collect(ctx, head, req)
+        remaining = deadline - time.monotonic()
+        if size >= req.min_bytes or errors or remaining <= 0 or not keys:
+            return response
+        await ctx.storage.wait_for_data(keys, remaining)
+
+
+async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any, int, bool]:
+    storage = ctx.storage
+    part_cls = nested(head, "PartitionData")
+    topic_cls = nested(head, "FetchableTopicResponse")
+    budget = max(req.max_bytes, 0)
+    total = 0
+    errors = False
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            code, hw, start, data = ErrorCode.none, -1, -1, b""
+            try:
+                start, hw = storage.offsets(t.topic, p.partition)
+                limit = min(p.partition_max_bytes, budget - total)
+                if limit > 0 or total == 0:
+                    data = await storage.read(t.topic, p.partition, p.fetch_offset,
+                                              max(limit, 0), must_return_one=total == 0)
+            except KafkaError as e:
+                code, errors = e.code, True
+            total += len(data)
+            parts.append(build(part_cls, partition_index=p.partition, error_code=code,
+                               high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
+                               aborted_transactions=None if code else (),
+                               preferred_read_replica=-1, records=data))
+        topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
+    response = build(resp(head), throttle_time=ZERO_MS, error_code=ErrorCode.none, session_id=0,
+                     responses=tuple(topics))
+    return response, total, errors
+
+
+@api(2, 1, 8)
+async def list_offsets(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    storage = ctx.storage
+    part_cls = nested(head, "ListOffsetsPartitionResponse")
+    topic_cls = nested(head, "ListOffsetsTopicResponse")
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            code, offset, ts = ErrorCode.none, -1, -1
+            try:
+                start, end = storage.offsets(t.name, p.partition_index)
+                if p.timestamp == -1:  # latest
+                    offset = end
+                elif p.timestamp in (-2, -4):  # earliest, earliest local
+                    offset = start
+                elif p.timestamp == -3 or p.timestamp >= 0:  # max timestamp / by time
+                    found = await storage.offset_for_time(t.name, p.partition_index, p.timestamp)
+                    if found is not None:
+                        offset, ts = found
+                else:
+                    raise KafkaError(ErrorCode.invalid_request, f"timestamp {p.timestamp}")
+            except KafkaError as e:
+                code = e.code
+            parts.append(build(part_cls, partition_index=p.partition_index, error_code=code,
+                               timestamp=ts, offset=offset, leader_epoch=0 if not code else -1,
+                               old_style_offsets=(offset,) if offset >= 0 else ()))
+        topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
+    await asyncio.sleep(0)
+    return build(resp(head), throttle_time=ZERO_MS, topics=tuple(topics))

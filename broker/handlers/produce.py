@@ -1,0 +1,84 @@
+"""Produce (0): validate and append in request order; answer once durable."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+from broker.errors import ErrorCode, KafkaError
+from broker.handlers.base import ZERO_MS, BrokerContext, Later, api, build, nested, resp
+from broker.protocol.codec import RequestHead
+from broker.storage import AppendResult
+
+NO_RESPONSE = object()  # acks=0: Kafka sends nothing back
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+@api(0, 3, 11)
+async def produce(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    storage = ctx.storage
+    entries: list[tuple[str, int, asyncio.Future[AppendResult] | KafkaError]] = []
+    for td in req.topic_data:
+        for pd in td.partition_data:
+            try:
+                if req.acks not in (0, 1, -1):
+                    raise KafkaError(ErrorCode.invalid_required_acks, f"acks={req.acks}")
+                if req.transactional_id is not None:
+                    raise KafkaError(ErrorCode.transactional_id_authorization_failed,
+                                     "transactions are not supported yet")
+                entry: asyncio.Future[AppendResult] | KafkaError = storage.append(
+                    td.name, pd.index, pd.records
+                )
+            except KafkaError as e:
+                entry = e
+            entries.append((td.name, pd.index, entry))
+    if req.acks == 0:
+        for *_, e in entries:
+            if isinstance(e, asyncio.Future):
+                e.add_done_callback(lambda f: f.exception())  # retrieved: nobody waits
+        return NO_RESPONSE
+    timeout = max(req.timeout.total_seconds(), 0.001)
+    return Later(_respond(ctx, head, entries, timeout))
+
+
+async def _respond(
+    ctx: BrokerContext,
+    head: RequestHead,
+    entries: list[tuple[str, int, asyncio.Future[AppendResult] | KafkaError]],
+    timeout: float,
+) -> Any:
+    futures = [e for *_, e in entries if isinstance(e, asyncio.Future)]
+    if futures:
+        await asyncio.wait(futures, timeout=timeout)
+    part_cls = nested(head, "PartitionProduceResponse")
+    topic_cls = nested(head, "TopicProduceResponse")
+    by_topic: dict[str, list[Any]] = {}
+    for topic, partition, e in entries:
+        base, append_time, code, message = -1, -1, ErrorCode.none, None
+        if isinstance(e, KafkaError):
+            code, message = e.code, e.message
+        elif not e.done():
+            code, message = ErrorCode.request_timed_out, "not durable within the request timeout"
+            e.add_done_callback(lambda f: f.exception())
+        elif isinstance(e.exception(), KafkaError):
+            err = e.exception()
+            assert isinstance(err, KafkaError)
+            code, message = err.code, err.message
+        elif e.exception() is not None:
+            code, message = ErrorCode.unknown_server_error, repr(e.exception())
+        else:
+            base, append_time = e.result().base_offset, e.result().log_append_time
+        try:
+            start = ctx.storage.offsets(topic, partition)[0] if code == ErrorCode.none else -1
+        except KafkaError:
+            start = -1
+        by_topic.setdefault(topic, []).append(
+            build(part_cls, index=partition, error_code=code, base_offset=base,
+                  log_append_time=None if append_time < 0 else
+                  EPOCH + datetime.timedelta(milliseconds=append_time),
+                  log_start_offset=start, record_errors=(), error_message=message)
+        )
+    topics = tuple(build(topic_cls, name=t, partition_responses=tuple(ps))
+                   for t, ps in by_topic.items())
+    return build(resp(head), responses=topics, throttle_time=ZERO_MS)

@@ -1,0 +1,116 @@
+"""CreateTopics (19), DeleteTopics (20), CreatePartitions (37)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from broker.config import TOPIC_CONFIGS
+from broker.errors import ErrorCode, KafkaError
+from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.protocol.codec import RequestHead
+
+CONFIG_SOURCE_TOPIC = 1
+CONFIG_SOURCE_DEFAULT = 5
+BROKER_COUNT = 1
+
+
+@api(19, 2, 7)
+async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    storage = ctx.storage
+    result_cls = nested(head, "CreatableTopicResult")
+    results = []
+    seen: set[str] = set()
+    for t in req.topics:
+        topic_id: uuid.UUID | None = None
+        partitions = t.num_partitions
+        rf = t.replication_factor
+        configs = {c.name: c.value for c in t.configs}
+        code, message = ErrorCode.none, None
+        try:
+            if t.name in seen:
+                raise KafkaError(ErrorCode.invalid_request, f"topic {t.name!r} given twice")
+            seen.add(t.name)
+            if t.assignments:
+                if partitions != -1 or rf != -1:
+                    raise KafkaError(ErrorCode.invalid_request,
+                                     "both assignments and partitions/replication factor given")
+                partitions = len(t.assignments)
+                rf = len(t.assignments[0].broker_ids)
+                if any(set(a.broker_ids) - {ctx.node_id} for a in t.assignments):
+                    raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                     f"only broker {ctx.node_id} exists")
+            if partitions == -1:
+                partitions = ctx.settings["num.partitions"]
+            if rf == -1:
+                rf = ctx.settings["default.replication.factor"]
+            if rf <= 0 or rf > BROKER_COUNT:
+                raise KafkaError(
+                    ErrorCode.invalid_replication_factor,
+                    f"Replication factor: {rf} larger than available brokers: {BROKER_COUNT}."
+                    if rf > 0 else f"Replication factor must be positive, got {rf}",
+                )
+            if req.validate_only:
+                storage.check_new_topic(t.name, partitions, configs)
+            else:
+                topic_id = (await storage.create_topic(t.name, partitions, configs)).topic_id
+        except KafkaError as e:
+            code, message = e.code, e.message
+        config_entries = None
+        if code == ErrorCode.none:
+            entry_cls = nested(head, "CreatableTopicConfigs") if head.api_version >= 5 else None
+            if entry_cls is not None:
+                config_entries = tuple(
+                    build(entry_cls, name=name, value=configs.get(name, d.default),
+                          read_only=False, is_sensitive=False,
+                          config_source=CONFIG_SOURCE_TOPIC if name in configs
+                          else CONFIG_SOURCE_DEFAULT)
+                    for name, d in sorted(TOPIC_CONFIGS.items())
+                )
+        results.append(build(
+            result_cls, name=t.name, topic_id=topic_id or uuid.UUID(int=0), error_code=code,
+            error_message=message, topic_config_error_code=ErrorCode.none,
+            num_partitions=partitions if code == ErrorCode.none else -1,
+            replication_factor=rf if code == ErrorCode.none else -1, configs=config_entries,
+        ))
+    return build(resp(head), throttle_time=ZERO_MS, topics=tuple(results))
+
+
+@api(20, 1, 6)
+async def delete_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    storage = ctx.storage
+    result_cls = nested(head, "DeletableTopicResult")
+    if hasattr(req, "topic_names"):
+        wanted = [(name, None) for name in req.topic_names]
+    else:
+        wanted = [(t.name, t.topic_id) for t in req.topics]
+    results = []
+    for name, tid in wanted:
+        code, message = ErrorCode.none, None
+        try:
+            if name is None:
+                topic = storage.topics_by_id.get(tid) if tid is not None else None
+                if topic is None:
+                    raise KafkaError(ErrorCode.unknown_topic_id, f"unknown topic id {tid}")
+                name = topic.name
+            tid = storage.topic(name).topic_id
+            await storage.delete_topic(name)
+        except KafkaError as e:
+            code, message = e.code, e.message
+        results.append(build(result_cls, name=name, topic_id=tid or uuid.UUID(int=0),
+                             error_code=code, error_message=message))
+    return build(resp(head), throttle_time=ZERO_MS, responses=tuple(results))
+
+
+@api(37, 0, 3)
+async def create_partitions(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    result_cls = nested(head, "CreatePartitionsTopicResult")
+    results = []
+    for t in req.topics:
+        code, message = ErrorCode.none, None
+        try:
+            await ctx.storage.create_partitions(t.name, t.count, req.validate_only)
+        except KafkaError as e:
+            code, message = e.code, e.message
+        results.append(build(result_cls, name=t.name, error_code=code, error_message=message))
+    return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))

@@ -1,0 +1,182 @@
+"""The network layer: frames requests, dispatches them in order, writes responses in order.
+
+Per connection, requests are decoded and handed to their handler one at a time in arrival
+order; a handler may return `Later`, whose wait overlaps with the following requests, but
+responses always leave in request order (librdkafka pipelines up to 5 produce requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any, cast
+
+from broker.handlers import REGISTRY, BrokerContext, Later
+from broker.handlers.api_versions import api_versions_response
+from broker.handlers.produce import NO_RESPONSE
+from broker.protocol.codec import (
+    ProtocolError,
+    RequestHead,
+    UnsupportedVersionError,
+    decode_request,
+    encode_response,
+    peek,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED_REQUESTS = 64  # decoded-but-unanswered requests per connection before we stop reading
+API_VERSIONS = 18
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, ctx: BrokerContext, max_request_bytes: int) -> None:
+        self.ctx = ctx
+        self.max_request_bytes = max_request_bytes
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._buf = bytearray()
+        self._inbox: deque[bytes] = deque()
+        self._inbox_ready = asyncio.Event()
+        self._outbox: asyncio.Queue[tuple[RequestHead, Any] | None] = asyncio.Queue(
+            MAX_QUEUED_REQUESTS
+        )
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reading_paused = False
+        self._closing = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._tasks = [
+            asyncio.create_task(self._dispatch(), name=f"dispatch {self.peer}"),
+            asyncio.create_task(self._write(), name=f"write {self.peer}"),
+        ]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        for t in self._tasks:
+            t.cancel()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        buf = self._buf
+        buf += data
+        pos = 0
+        while len(buf) - pos >= 4:
+            size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+            if size < 0 or size > self.max_request_bytes:
+                self._close(f"request size {size} outside [0, {self.max_request_bytes}]")
+                return
+            if len(buf) - pos - 4 < size:
+                break
+            self._inbox.append(bytes(buf[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+        if pos:
+            del buf[:pos]
+            self._inbox_ready.set()
+            if len(self._inbox) >= MAX_QUEUED_REQUESTS and self.transport is not None:
+                self.transport.pause_reading()
+                self._reading_paused = True
+
+    # -- request processing ----------------------------------------------------------------
+    def _close(self, why: str) -> None:
+        if not self._closing:
+            log.warning("closing connection from %s: %s", self.peer, why)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _dispatch(self) -> None:
+        while True:
+            while not self._inbox:
+                self._inbox_ready.clear()
+                await self._inbox_ready.wait()
+            frame = self._inbox.popleft()
+            if self._reading_paused and len(self._inbox) < MAX_QUEUED_REQUESTS // 2:
+                assert self.transport is not None
+                self.transport.resume_reading()
+                self._reading_paused = False
+            try:
+                api_key = peek(frame)[0]
+                registered = REGISTRY.get(api_key)
+                supported = (
+                    (registered.min_version, registered.max_version) if registered else None
+                )
+                head, body = decode_request(frame, supported)
+            except UnsupportedVersionError as e:
+                if e.api_key == API_VERSIONS:  # answer in v0 so the client can downgrade
+                    head = RequestHead(API_VERSIONS, 0, e.correlation_id, None)
+                    await self._outbox.put(
+                        (head, api_versions_response(0, _unsupported_version()))
+                    )
+                    continue
+                self._close(str(e))
+                return
+            except ProtocolError as e:
+                self._close(str(e))
+                return
+            try:
+                result = await REGISTRY[api_key].handle(self.ctx, head, body)
+            except Exception:
+                log.exception("handler for api %d v%d failed", head.api_key, head.api_version)
+                self._close("internal error")
+                return
+            if result is NO_RESPONSE:
+                continue
+            if isinstance(result, Later):
+                result = asyncio.ensure_future(result.coro)
+            await self._outbox.put((head, result))
+
+    async def _write(self) -> None:
+        while True:
+            item = await self._outbox.get()
+            if item is None:
+                return
+            head, result = item
+            if isinstance(result, asyncio.Future):
+                try:
+                    result = await result
+                except Exception:
+                    log.exception("api %d v%d failed", head.api_key, head.api_version)
+                    self._close("internal error")
+                    return
+            frame = encode_response(head.api_key, head.api_version, head.correlation_id, result)
+            await self._can_write.wait()
+            if self.transport is None or self.transport.is_closing():
+                return
+            self.transport.write(frame)
+
+
+def _unsupported_version() -> Any:
+    from broker.errors import ErrorCode
+
+    return ErrorCode.unsupported_version
+
+
+async def serve(ctx: BrokerContext, host: str, port: int, max_request_bytes: int) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: KafkaConnection(ctx, max_request_bytes), host, port, reuse_address=True,
+        backlog=1024,
+    )
+    return server
+
+
+async def close_server(server: asyncio.Server) -> None:
+    server.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(server.wait_closed(), 2)

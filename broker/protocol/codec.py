@@ -1,0 +1,130 @@
+"""Request/response framing on top of kio's schema-generated codecs. No I/O here.
+
+A request frame (after the 4-byte size) starts with the request header: api_key int16,
+api_version int16, correlation_id int32, client_id, then (flexible versions) tagged fields.
+Which header version applies, and which response header version answers it, comes from the
+schema classes themselves (`__header_schema__`).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
+
+_PEEK = struct.Struct(">hhi")
+_SIZE = struct.Struct(">i")
+
+
+class ProtocolError(Exception):
+    """The frame cannot be understood; Kafka closes the connection."""
+
+
+class UnsupportedVersionError(ProtocolError):
+    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
+        super().__init__(f"api key {api_key} version {api_version} is not supported")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Codec:
+    request_type: type[Any]
+    response_type: type[Any]
+    read_header: Any
+    read_body: Any
+    write_response_header: Any
+    write_response: Any
+
+
+@cache
+def _codec(api_key: int, api_version: int) -> _Codec:
+    req = load_request_schema(api_key, api_version)
+    resp = load_response_schema(api_key, api_version)
+    return _Codec(
+        request_type=req,
+        response_type=resp,
+        read_header=entity_reader(req.__header_schema__),
+        read_body=entity_reader(req),
+        write_response_header=entity_writer(resp.__header_schema__),
+        write_response=entity_writer(resp),
+    )
+
+
+def peek(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a request frame."""
+    if len(frame) < _PEEK.size:
+        raise ProtocolError(f"request of {len(frame)} bytes is shorter than a request header")
+    api_key, api_version, correlation_id = _PEEK.unpack_from(frame, 0)
+    return api_key, api_version, correlation_id
+
+
+def schema_versions(api_key: int) -> tuple[int, int] | None:
+    """The version range kio has schemas for, or None for an unknown key."""
+    from kio.index import _name_from_key
+    from kio.schema.index import schema_name_map
+
+    try:
+        versions = schema_name_map[_name_from_key(api_key)]
+    except UnknownAPIKey:
+        return None
+    return min(versions), max(versions)
+
+
+def decode_request(frame: bytes | memoryview, supported: tuple[int, int] | None) -> tuple[
+    RequestHead, Any
+]:
+    """Decode a whole request frame (without its size prefix) into its header and body.
+
+    `supported` is the broker's version range for the frame's api key (None: not served)."""
+    api_key, api_version, correlation_id = peek(frame)
+    if supported is None or not supported[0] <= api_version <= supported[1]:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    try:
+        codec = _codec(api_key, api_version)
+    except (UnknownAPIKey, UnknownEntity) as e:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id) from e
+    try:
+        header, n = codec.read_header(frame, 0)
+        body, m = codec.read_body(frame, n)
+    except Exception as e:  # kio raises several types for malformed input
+        raise ProtocolError(f"malformed api {api_key} v{api_version} request: {e!r}") from e
+    if n + m != len(frame):
+        raise ProtocolError(
+            f"api {api_key} v{api_version}: {len(frame) - n - m} trailing bytes in request"
+        )
+    head = RequestHead(api_key, api_version, correlation_id, header.client_id)
+    return head, body
+
+
+def response_type(api_key: int, api_version: int) -> type[Any]:
+    return _codec(api_key, api_version).response_type
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any) -> bytes:
+    """The size-prefixed response frame."""
+    codec = _codec(api_key, api_version)
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    header_type = codec.response_type.__header_schema__
+    codec.write_response_header(buf, header_type(correlation_id=i32(correlation_id)))
+    codec.write_response(buf, response)
+    out = buf.getbuffer()
+    _SIZE.pack_into(out, 0, len(out) - 4)
+    del out
+    return buf.getvalue()

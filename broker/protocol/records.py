@@ -1,0 +1,214 @@
+"""Kafka record batches (magic v2) as the broker sees them: headers only, never record bodies.
+
+Batch layout (big endian), offsets from the start of the batch:
+
+    0  base_offset        int64   rewritten by the broker on append (not under the CRC)
+    8  batch_length       int32   bytes after this field
+   12  leader_epoch       int32   rewritten by the broker (not under the CRC)
+   16  magic              int8    must be 2
+   17  crc                uint32  CRC-32C of bytes 21..end
+   21  attributes         int16   bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control
+   23  last_offset_delta  int32
+   27  base_timestamp     int64
+   35  max_timestamp      int64
+   43  producer_id        int64
+   51  producer_epoch     int16
+   53  base_sequence      int32
+   57  record_count       int32
+   61  records...
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # base_offset + batch_length
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+_HEAD = struct.Struct(">qiibIhiqqqhii")
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+
+
+class CorruptBatchError(ValueError):
+    """The bytes are not a well-formed v2 record batch (Kafka: CORRUPT_MESSAGE)."""
+
+
+class UnsupportedMagicError(CorruptBatchError):
+    """A batch with magic 0 or 1 (Kafka: UNSUPPORTED_FOR_MESSAGE_FORMAT)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    position: int  # where the batch starts in the buffer it was read from
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & 0x07
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header of the batch at `pos`; checks framing but not the CRC."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptBatchError(f"truncated batch header at {pos}")
+    fields = _HEAD.unpack_from(buf, pos)
+    magic = fields[3]
+    if magic != 2:
+        raise UnsupportedMagicError(f"record batch magic {magic} is not supported (only v2)")
+    batch_length = fields[1]
+    if batch_length < _MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + batch_length > len(buf):
+        raise CorruptBatchError(f"batch length {batch_length} at {pos} does not fit the buffer")
+    return BatchHeader(pos, fields[0], batch_length, fields[2], *fields[4:])
+
+
+def iter_headers(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
+    """All batch headers of a buffer made of whole batches (as stored; no CRC check)."""
+    out = []
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        h = read_header(buf, pos)
+        out.append(h)
+        pos += h.size
+    return out
+
+
+def validate(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
+    """Check a produced records blob: whole v2 batches, CRC-32C right, counts consistent."""
+    if len(buf) == 0:
+        raise CorruptBatchError("empty record set")
+    headers = iter_headers(buf)
+    view = memoryview(buf)
+    for h in headers:
+        if crc32c(view[h.position + 21 : h.position + h.size]) != h.crc:
+            raise CorruptBatchError(f"CRC mismatch in batch at byte {h.position}")
+        if h.record_count <= 0 or h.last_offset_delta != h.record_count - 1:
+            raise CorruptBatchError(
+                f"batch at byte {h.position}: {h.record_count} records but last offset delta"
+                f" {h.last_offset_delta}"
+            )
+    return headers
+
+
+def assign_offsets(
+    buf: bytearray, headers: list[BatchHeader], base_offset: int, log_append_time_ms: int | None
+) -> int:
+    """Rewrite base offsets (and, for LogAppendTime topics, the timestamp type, max timestamp
+    and CRC) in place; return the next offset after the last batch."""
+    offset = base_offset
+    for h in headers:
+        _I64.pack_into(buf, h.position, offset)
+        if log_append_time_ms is not None:
+            attrs = h.attributes | TIMESTAMP_TYPE_BIT
+            struct.pack_into(">h", buf, h.position + 21, attrs)
+            _I64.pack_into(buf, h.position + 35, log_append_time_ms)
+            crc = crc32c(memoryview(buf)[h.position + 21 : h.position + h.size])
+            _U32.pack_into(buf, h.position + 17, crc)
+        offset += h.last_offset_delta + 1
+    return offset
+
+
+# ------------------------------------------------------------------------------------------
+# Record-level reading (only what offset-by-timestamp lookups need)
+# ------------------------------------------------------------------------------------------
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def decompress(codec: int, data: bytes | memoryview) -> bytes:
+    import cramjam
+
+    if codec == 0:
+        return bytes(data)
+    if codec == 1:
+        return bytes(cramjam.gzip.decompress(data))
+    if codec == 2:
+        raw = bytes(data)
+        if raw.startswith(_XERIAL_MAGIC):  # the Java client's snappy-java framing
+            out = bytearray()
+            pos = 16
+            while pos < len(raw):
+                (n,) = struct.unpack_from(">i", raw, pos)
+                out += cramjam.snappy.decompress_raw(raw[pos + 4 : pos + 4 + n])
+                pos += 4 + n
+            return bytes(out)
+        return bytes(cramjam.snappy.decompress_raw(raw))
+    if codec == 3:
+        return bytes(cramjam.lz4.decompress(data))
+    if codec == 4:
+        return bytes(cramjam.zstd.decompress(data))
+    raise CorruptBatchError(f"unknown compression codec {codec}")
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = 0
+    raw = 0
+    while True:
+        if pos >= len(buf):
+            raise CorruptBatchError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise CorruptBatchError("varint too long")
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def record_timestamps(batch: bytes | bytearray | memoryview, h: BatchHeader) -> list[
+    tuple[int, int]
+]:
+    """(offset, timestamp) of every record of one batch (decompressing if needed)."""
+    if h.log_append_time:
+        return [(h.base_offset + i, h.max_timestamp) for i in range(h.record_count)]
+    body = decompress(h.compression, memoryview(batch)[h.position + HEADER_SIZE : h.position + h.size])
+    out = []
+    pos = 0
+    for _ in range(h.record_count):
+        length, pos = _varint(body, pos)
+        end = pos + length
+        pos += 1  # attributes
+        ts_delta, pos = _varint(body, pos)
+        off_delta, pos = _varint(body, pos)
+        out.append((h.base_offset + off_delta, h.base_timestamp + ts_delta))
+        pos = end
+    return out

@@ -1,0 +1,272 @@
+"""The Kafka-level storage the handlers call: topics, partitions, append, read, offsets.
+
+One implementation here, on top of s3stream (object WAL + metadata store); the handlers see
+only this module's interface, so other engines can sit behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from broker.config import ConfigError, topic_config_value, validate_topic_configs
+from broker.errors import ErrorCode, KafkaError
+from broker.protocol import records
+from s3stream.log import LogStore, StreamWriteError, UnknownStreamError, WalSettings, now_ms
+from s3stream.metadata import MetadataError, SqliteMetadataStore, TopicRow
+from s3stream.objectstore import ObjectStore
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+
+
+def check_topic_name(name: str) -> None:
+    if not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME:
+        raise KafkaError(ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}")
+    if not _LEGAL_TOPIC.match(name):
+        raise KafkaError(
+            ErrorCode.invalid_topic_exception,
+            f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_', '-'",
+        )
+
+
+@dataclass(eq=False)
+class Topic:
+    name: str
+    topic_id: uuid.UUID
+    configs: dict[str, str]
+    streams: list[int] = field(default_factory=list)  # stream id of each partition
+
+    def config(self, key: str) -> object:
+        return topic_config_value(self.configs, key)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    log_append_time: int  # -1 for CreateTime topics
+
+
+class Storage:
+    def __init__(self, objects: ObjectStore, meta: SqliteMetadataStore, wal: WalSettings) -> None:
+        self.objects = objects
+        self.meta = meta
+        self.log = LogStore(objects, meta, wal)
+        self.topics: dict[str, Topic] = {}
+        self.topics_by_id: dict[uuid.UUID, Topic] = {}
+        self.cluster_id = ""
+        self._topic_lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        await self.meta.open()
+        self.cluster_id = await self.meta.cluster_id()
+        topic_rows, streams, chunks = await self.meta.load()
+        for t in topic_rows:
+            self._add_topic(t)
+        for s in sorted(streams, key=lambda s: s.partition):
+            topic = self.topics.get(s.topic)
+            if topic is not None and s.partition == len(topic.streams):
+                topic.streams.append(s.stream_id)
+        await self.log.open(streams, chunks)
+
+    async def close(self) -> None:
+        await self.log.close()
+        await self.meta.close()
+        await self.objects.close()
+
+    def _add_topic(self, row: TopicRow) -> Topic:
+        t = Topic(row.name, row.topic_id, dict(row.configs))
+        self.topics[t.name] = t
+        self.topics_by_id[t.topic_id] = t
+        return t
+
+    # -- topics ----------------------------------------------------------------------------
+    def topic(self, name: str) -> Topic:
+        t = self.topics.get(name)
+        if t is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        return t
+
+    def stream_id(self, topic: str, partition: int) -> int:
+        t = self.topic(topic)
+        if not 0 <= partition < len(t.streams):
+            raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                             f"topic {topic!r} has no partition {partition}")
+        return t.streams[partition]
+
+    def check_new_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> dict[
+        str, str
+    ]:
+        check_topic_name(name)
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        if partitions <= 0:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"number of partitions must be positive, got {partitions}")
+        try:
+            return validate_topic_configs(configs)
+        except ConfigError as e:
+            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
+
+    async def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
+        async with self._topic_lock:
+            valid = self.check_new_topic(name, partitions, configs)
+            try:
+                row, streams = await self.meta.create_topic(name, partitions, valid)
+            except MetadataError as e:
+                raise KafkaError(ErrorCode.topic_already_exists, str(e)) from None
+            t = self._add_topic(row)
+            for s in streams:
+                self.log.add_stream(s)
+                t.streams.append(s.stream_id)
+            return t
+
+    async def delete_topic(self, name: str) -> None:
+        async with self._topic_lock:
+            t = self.topic(name)
+            await self.meta.delete_topic(name)
+            del self.topics[name]
+            self.topics_by_id.pop(t.topic_id, None)
+            for sid in t.streams:
+                self.log.drop_stream(sid)
+
+    async def create_partitions(self, name: str, total: int, validate_only: bool) -> None:
+        async with self._topic_lock:
+            t = self.topic(name)
+            if total <= len(t.streams):
+                raise KafkaError(
+                    ErrorCode.invalid_partitions,
+                    f"topic {name!r} has {len(t.streams)} partitions; {total} is not more",
+                )
+            if validate_only:
+                return
+            for s in await self.meta.add_partitions(name, len(t.streams), total - len(t.streams)):
+                self.log.add_stream(s)
+                t.streams.append(s.stream_id)
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
+        t = self.topic(name)
+        try:
+            valid = validate_topic_configs(configs)
+        except ConfigError as e:
+            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
+        if validate_only:
+            return
+        await self.meta.set_topic_configs(name, valid)
+        t.configs = valid
+
+    # -- produce ---------------------------------------------------------------------------
+    def append(self, topic: str, partition: int, data: bytes | None) -> asyncio.Future[AppendResult]:
+        """Validate and append a produced record set; synchronous up to the durability wait,
+        so that calls made in order get offsets in that order."""
+        t = self.topic(topic)
+        sid = self.stream_id(topic, partition)
+        if not data:
+            raise KafkaError(ErrorCode.corrupt_message, "empty record set")
+        try:
+            headers = records.validate(data)
+        except records.UnsupportedMagicError as e:
+            raise KafkaError(ErrorCode.unsupported_for_message_format, str(e)) from None
+        except records.CorruptBatchError as e:
+            raise KafkaError(ErrorCode.corrupt_message, str(e)) from None
+        max_size = t.config("max.message.bytes")
+        assert isinstance(max_size, int)
+        for h in headers:
+            if h.size > max_size:
+                raise KafkaError(ErrorCode.message_too_large,
+                                 f"batch of {h.size} bytes exceeds max.message.bytes {max_size}")
+        append_time = now_ms() if t.config("message.timestamp.type") == "LogAppendTime" else None
+        count = sum(h.record_count for h in headers)
+        max_ts = append_time if append_time is not None else max(h.max_timestamp for h in headers)
+
+        def encode(base: int) -> bytearray:
+            buf = bytearray(data)
+            records.assign_offsets(buf, headers, base, append_time)
+            return buf
+
+        _base, durable = self.log.append(sid, count, max_ts, encode)
+        result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[int]) -> None:
+            if result.done():
+                return
+            exc = f.exception()
+            if exc is None:
+                result.set_result(AppendResult(f.result(), -1 if append_time is None else append_time))
+            elif isinstance(exc, UnknownStreamError):
+                result.set_exception(KafkaError(ErrorCode.unknown_topic_or_partition))
+            elif isinstance(exc, StreamWriteError):
+                result.set_exception(KafkaError(ErrorCode.kafka_storage_error, str(exc)))
+            else:
+                result.set_exception(exc)
+
+        durable.add_done_callback(done)
+        return result
+
+    # -- offsets and reads -----------------------------------------------------------------
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start offset, high watermark)."""
+        st = self.log.stream(self.stream_id(topic, partition))
+        return st.start_offset, st.end_offset
+
+    async def read(self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool) -> bytes:
+        """Whole batches from the one holding `offset`, within max_bytes (at least one batch
+        if must_return_one). Raises OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
+        sid = self.stream_id(topic, partition)
+        st = self.log.stream(sid)
+        if offset < st.start_offset or offset > st.end_offset:
+            raise KafkaError(ErrorCode.offset_out_of_range,
+                             f"offset {offset} not in [{st.start_offset}, {st.end_offset}]")
+        chunks = await self.log.read(sid, offset, max_bytes)
+        parts: list[memoryview] = []
+        total = 0
+        for _base, data in chunks:
+            for h in records.iter_headers(data):
+                if h.next_offset <= offset:
+                    continue
+                if total + h.size > max_bytes and (parts or not must_return_one):
+                    return b"".join(parts)
+                parts.append(memoryview(data)[h.position : h.position + h.size])
+                total += h.size
+        return b"".join(parts)
+
+    async def offset_for_time(self, topic: str, partition: int, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp`; for -3 the
+        record with the largest timestamp. None when there is none."""
+        sid = self.stream_id(topic, partition)
+        st = self.log.stream(sid)
+        if timestamp == -3:
+            if not st.chunks:
+                return None
+            best = max(st.chunks, key=lambda c: c.max_timestamp)
+            candidates = [best]
+        else:
+            first = self.log.find_chunk_by_time(sid, timestamp)
+            if first is None:
+                return None
+            candidates = st.chunks[st.chunks.index(first):]
+        found: tuple[int, int] | None = None
+        for c in candidates:
+            data = await self.log.chunk_data(c)
+            for h in records.iter_headers(data):
+                if h.is_control:
+                    continue
+                for off, ts in records.record_timestamps(data, h):
+                    if off < st.start_offset:
+                        continue
+                    if timestamp == -3:
+                        if found is None or ts > found[1]:
+                            found = (off, ts)
+                    elif ts >= timestamp:
+                        return off, ts
+        return found
+
+    async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None:
+        sids = []
+        for topic, partition in keys:
+            t = self.topics.get(topic)
+            if t is not None and 0 <= partition < len(t.streams):
+                sids.append(t.streams[partition])
+        await self.log.wait_for_append(sids, timeout)

@@ -1,0 +1,307 @@
+"""The metadata store: topics, streams (one per partition), objects and the chunk index.
+
+Every change that makes data part of the log happens in one transaction, guarded by each
+stream's current end offset, so that an offset can never be committed twice.
+Backend here: SQLite (`sqlite:///path/meta.db`), driven from one dedicated thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS topics(
+    name TEXT PRIMARY KEY, topic_id TEXT NOT NULL, configs TEXT NOT NULL,
+    created_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS streams(
+    stream_id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,
+    partition INTEGER NOT NULL, start_offset INTEGER NOT NULL DEFAULT 0,
+    end_offset INTEGER NOT NULL DEFAULT 0, epoch INTEGER NOT NULL DEFAULT 0,
+    deleted INTEGER NOT NULL DEFAULT 0);
+CREATE UNIQUE INDEX IF NOT EXISTS streams_live ON streams(topic, partition) WHERE deleted = 0;
+CREATE TABLE IF NOT EXISTS objects(
+    object_id INTEGER PRIMARY KEY, key TEXT NOT NULL, size INTEGER NOT NULL,
+    kind TEXT NOT NULL, created_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks(
+    stream_id INTEGER NOT NULL, base_offset INTEGER NOT NULL, last_offset INTEGER NOT NULL,
+    object_id INTEGER NOT NULL, position INTEGER NOT NULL, length INTEGER NOT NULL,
+    max_timestamp INTEGER NOT NULL, PRIMARY KEY(stream_id, base_offset)) WITHOUT ROWID;
+"""
+
+
+class MetadataError(Exception):
+    pass
+
+
+class OffsetConflictError(MetadataError):
+    """A commit's base offset is not the stream's end offset: someone else wrote, or a retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRow:
+    name: str
+    topic_id: uuid.UUID
+    configs: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRow:
+    stream_id: int
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRow:
+    stream_id: int
+    base_offset: int
+    last_offset: int
+    object_id: int
+    position: int
+    length: int
+    max_timestamp: int
+
+
+class SqliteMetadataStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-meta")
+        self._db: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        assert self._db is not None, "metadata store not open"
+        return self._db
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=10000")
+        db.executescript(SCHEMA)
+        db.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('cluster_id', ?)",
+            (uuid.uuid4().hex[:22],),
+        )
+        db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('next_object_id', '1')")
+        self._db = db
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    async def close(self) -> None:
+        def close() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await self._run(close)
+        self._pool.shutdown(wait=True)
+
+    # -- reads -----------------------------------------------------------------------------
+    def _cluster_id(self) -> str:
+        row = self.db.execute("SELECT value FROM meta WHERE key='cluster_id'").fetchone()
+        return str(row[0])
+
+    async def cluster_id(self) -> str:
+        return await self._run(self._cluster_id)
+
+    def _load(self) -> tuple[list[TopicRow], list[StreamRow], list[ChunkRow]]:
+        topics = [
+            TopicRow(name, uuid.UUID(tid), json.loads(cfg))
+            for name, tid, cfg in self.db.execute("SELECT name, topic_id, configs FROM topics")
+        ]
+        streams = [
+            StreamRow(*r)
+            for r in self.db.execute(
+                "SELECT stream_id, topic, partition, start_offset, end_offset FROM streams"
+                " WHERE deleted = 0"
+            )
+        ]
+        chunks = [
+            ChunkRow(*r)
+            for r in self.db.execute(
+                "SELECT c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position,"
+                " c.length, c.max_timestamp FROM chunks c JOIN streams s USING (stream_id)"
+                " WHERE s.deleted = 0 AND c.last_offset >= s.start_offset"
+                " ORDER BY c.stream_id, c.base_offset"
+            )
+        ]
+        return topics, streams, chunks
+
+    async def load(self) -> tuple[list[TopicRow], list[StreamRow], list[ChunkRow]]:
+        return await self._run(self._load)
+
+    def _object_keys(self) -> dict[int, str]:
+        return dict(self.db.execute("SELECT object_id, key FROM objects").fetchall())
+
+    async def object_keys(self) -> dict[int, str]:
+        return await self._run(self._object_keys)
+
+    # -- topics ----------------------------------------------------------------------------
+    def _create_topic(
+        self, name: str, partitions: int, configs: dict[str, str]
+    ) -> tuple[TopicRow, list[StreamRow]]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("SELECT 1 FROM topics WHERE name=?", (name,)).fetchone():
+                raise MetadataError(f"topic {name!r} already exists")
+            tid = uuid.uuid4()
+            db.execute(
+                "INSERT INTO topics(name, topic_id, configs, created_ms) VALUES (?,?,?,?)",
+                (name, str(tid), json.dumps(configs), int(time.time() * 1000)),
+            )
+            streams = [self._add_stream(name, p) for p in range(partitions)]
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return TopicRow(name, tid, configs), streams
+
+    def _add_stream(self, topic: str, partition: int) -> StreamRow:
+        cur = self.db.execute(
+            "INSERT INTO streams(topic, partition) VALUES (?, ?)", (topic, partition)
+        )
+        assert cur.lastrowid is not None
+        return StreamRow(cur.lastrowid, topic, partition, 0, 0)
+
+    async def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str]
+    ) -> tuple[TopicRow, list[StreamRow]]:
+        return await self._run(self._create_topic, name, partitions, configs)
+
+    def _add_partitions(self, topic: str, first: int, count: int) -> list[StreamRow]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            streams = [self._add_stream(topic, p) for p in range(first, first + count)]
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return streams
+
+    async def add_partitions(self, topic: str, first: int, count: int) -> list[StreamRow]:
+        return await self._run(self._add_partitions, topic, first, count)
+
+    def _delete_topic(self, name: str) -> None:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM topics WHERE name=?", (name,))
+            db.execute("UPDATE streams SET deleted=1 WHERE topic=? AND deleted=0", (name,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def delete_topic(self, name: str) -> None:
+        await self._run(self._delete_topic, name)
+
+    def _set_configs(self, name: str, configs: dict[str, str]) -> None:
+        self.db.execute("UPDATE topics SET configs=? WHERE name=?", (json.dumps(configs), name))
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        await self._run(self._set_configs, name, configs)
+
+    # -- the log ---------------------------------------------------------------------------
+    def _reserve_object_ids(self, count: int) -> int:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            (first,) = db.execute("SELECT value FROM meta WHERE key='next_object_id'").fetchone()
+            first = int(first)
+            db.execute(
+                "UPDATE meta SET value=? WHERE key='next_object_id'", (str(first + count),)
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return first
+
+    async def reserve_object_ids(self, count: int) -> int:
+        """The first of `count` object ids nobody else will ever use."""
+        return await self._run(self._reserve_object_ids, count)
+
+    def _commit_object(self, object_id: int, key: str, size: int, chunks: list[ChunkRow]) -> set[
+        int
+    ]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            ends = dict(
+                db.execute(
+                    "SELECT stream_id, end_offset FROM streams WHERE deleted=0 AND stream_id IN"
+                    f" ({','.join('?' * len(chunks))})",
+                    [c.stream_id for c in chunks],
+                ).fetchall()
+            )
+            live = [c for c in chunks if c.stream_id in ends]
+            for c in live:
+                if ends[c.stream_id] != c.base_offset:
+                    raise OffsetConflictError(
+                        f"stream {c.stream_id}: end offset {ends[c.stream_id]},"
+                        f" commit starts at {c.base_offset}"
+                    )
+                ends[c.stream_id] = c.last_offset + 1
+            db.execute(
+                "INSERT INTO objects(object_id, key, size, kind, created_ms) VALUES (?,?,?,?,?)",
+                (object_id, key, size, "wal", int(time.time() * 1000)),
+            )
+            db.executemany(
+                "INSERT INTO chunks VALUES (?,?,?,?,?,?,?)",
+                [
+                    (c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position,
+                     c.length, c.max_timestamp)
+                    for c in live
+                ],
+            )
+            db.executemany(
+                "UPDATE streams SET end_offset=? WHERE stream_id=?",
+                [(end, sid) for sid, end in ends.items()],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return {c.stream_id for c in live}
+
+    async def commit_object(
+        self, object_id: int, key: str, size: int, chunks: list[ChunkRow]
+    ) -> set[int]:
+        """Make the chunks of a durable object part of their streams, in one transaction.
+
+        Raises OffsetConflictError (and commits nothing) unless every chunk starts at its
+        stream's current end offset. Returns the ids of the streams that still exist."""
+        return await self._run(self._commit_object, object_id, key, size, chunks)
+
+
+def open_metadata_store(url: str) -> SqliteMetadataStore:
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        # sqlite:///relative/or/absolute -> path after the third slash (absolute with four)
+        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else parsed.path
+        return SqliteMetadataStore(Path(path))
+    raise ValueError(f"unsupported metadata URL {url!r} (use sqlite:///PATH)")
