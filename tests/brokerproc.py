@@ -29,6 +29,7 @@ class BrokerProcess:
     address: str = ""
     output: list[str] = field(default_factory=list)
     listen: str = "127.0.0.1:0"
+    _pump: threading.Thread = field(init=False, repr=False)
 
     @property
     def bootstrap(self) -> str:
@@ -64,7 +65,8 @@ class BrokerProcess:
                     self.address = line.split("listening on ", 1)[1].strip()
                     found.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not found.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -78,7 +80,16 @@ class BrokerProcess:
         """SIGKILL: no shutdown hooks, no flush."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        self._reap()
+
+    def _reap(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.wait(10)
+        self._pump.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
 
     def stop(self) -> None:
         if self.proc is None:
@@ -89,8 +100,7 @@ class BrokerProcess:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
+        self._reap()
 
     def log(self) -> str:
         return "".join(self.output)
