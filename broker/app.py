@@ -48,9 +48,15 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     else:
         ctx.host = bound_host if bound_host not in ("0.0.0.0", "::") else socket.getfqdn()
         ctx.port = bound_port
-    log.info("floe broker %d: objects %s, metadata %s, cluster %s, advertised %s:%d",
-             ctx.node_id, settings.object_store_url, settings.metadata_url, storage.cluster_id,
-             ctx.host, ctx.port)
+    log.info(
+        "floe broker %d: objects %s, metadata %s, cluster %s, advertised %s:%d",
+        ctx.node_id,
+        settings.object_store_url,
+        settings.metadata_url,
+        storage.cluster_id,
+        ctx.host,
+        ctx.port,
+    )
     print(f"listening on {bound_host}:{bound_port}", flush=True)
     try:
         await stop.wait()

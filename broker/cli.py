@@ -22,7 +22,9 @@ BROKER_FLAGS = {  # flag -> setting key
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="floe", description="Kafka-compatible broker on object storage")
+    p = argparse.ArgumentParser(
+        prog="floe", description="Kafka-compatible broker on object storage"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "broker",
@@ -38,10 +40,18 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--metadata", help="metadata store URL (default sqlite:///<data-dir>/meta.db)")
     b.add_argument("--log-level", help="debug | info | warning | error")
     b.add_argument("--config", help="TOML file of settings")
-    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other setting, e.g. --set num.partitions=3 (repeatable)")
-    b.add_argument("--print-settings", action="store_true",
-                   help="print every setting with where it came from, then exit")
+    b.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other setting, e.g. --set num.partitions=3 (repeatable)",
+    )
+    b.add_argument(
+        "--print-settings",
+        action="store_true",
+        help="print every setting with where it came from, then exit",
+    )
     return p
 
 
@@ -57,8 +67,11 @@ def _broker(args: argparse.Namespace) -> int:
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or key not in BROKER_CONFIGS:
-            print(f"floe: --set {item!r}: expected KEY=VALUE with KEY one of "
-                  f"{', '.join(sorted(BROKER_CONFIGS))}", file=sys.stderr)
+            print(
+                f"floe: --set {item!r}: expected KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(BROKER_CONFIGS))}",
+                file=sys.stderr,
+            )
             return 2
         flags[key] = value
     try:

@@ -83,10 +83,16 @@ LONG_MAX = str(2**63 - 1)
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
     for d in [
-        ConfigDef("cleanup.policy", "list", "delete", "delete or compact",
-                  choices=("delete", "compact")),
-        ConfigDef("compression.type", "string", "producer", "codec of stored batches",
-                  choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")),
+        ConfigDef(
+            "cleanup.policy", "list", "delete", "delete or compact", choices=("delete", "compact")
+        ),
+        ConfigDef(
+            "compression.type",
+            "string",
+            "producer",
+            "codec of stored batches",
+            choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+        ),
         ConfigDef("delete.retention.ms", "long", "86400000", check=_nonneg),
         ConfigDef("file.delete.delay.ms", "long", "60000", check=_nonneg),
         ConfigDef("flush.messages", "long", LONG_MAX, check=_positive),
@@ -95,13 +101,16 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("max.compaction.lag.ms", "long", LONG_MAX, check=_positive),
         ConfigDef("max.message.bytes", "int", "1048588", "largest record batch", _nonneg),
         ConfigDef("message.downconversion.enable", "boolean", "true"),
-        ConfigDef("message.timestamp.type", "string", "CreateTime",
-                  choices=("createtime", "logappendtime")),
+        ConfigDef(
+            "message.timestamp.type",
+            "string",
+            "CreateTime",
+            choices=("createtime", "logappendtime"),
+        ),
         ConfigDef("message.timestamp.difference.max.ms", "long", LONG_MAX, check=_nonneg),
         ConfigDef("message.timestamp.before.max.ms", "long", LONG_MAX, check=_nonneg),
         ConfigDef("message.timestamp.after.max.ms", "long", LONG_MAX, check=_nonneg),
-        ConfigDef("min.cleanable.dirty.ratio", "double", "0.5",
-                  check=lambda v: 0 <= v <= 1),
+        ConfigDef("min.cleanable.dirty.ratio", "double", "0.5", check=lambda v: 0 <= v <= 1),
         ConfigDef("min.compaction.lag.ms", "long", "0", check=_nonneg),
         ConfigDef("min.insync.replicas", "int", "1", check=_positive),
         ConfigDef("preallocate", "boolean", "false"),
@@ -152,8 +161,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("node.id", "int", "0", check=_nonneg),
         ConfigDef("object.store", "string", None, "URL; default file://<data-dir>/objects"),
         ConfigDef("metadata", "string", None, "URL; default sqlite:///<data-dir>/meta.db"),
-        ConfigDef("log.level", "string", "info",
-                  choices=("debug", "info", "warning", "error")),
+        ConfigDef("log.level", "string", "info", choices=("debug", "info", "warning", "error")),
         ConfigDef("auto.create.topics.enable", "boolean", "true"),
         ConfigDef("num.partitions", "int", "1", check=_positive),
         ConfigDef("default.replication.factor", "int", "1", check=_positive),

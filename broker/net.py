@@ -113,16 +113,12 @@ class KafkaConnection(asyncio.Protocol):
             try:
                 api_key = peek(frame)[0]
                 registered = REGISTRY.get(api_key)
-                supported = (
-                    (registered.min_version, registered.max_version) if registered else None
-                )
+                supported = (registered.min_version, registered.max_version) if registered else None
                 head, body = decode_request(frame, supported)
             except UnsupportedVersionError as e:
                 if e.api_key == API_VERSIONS:  # answer in v0 so the client can downgrade
                     head = RequestHead(API_VERSIONS, 0, e.correlation_id, None)
-                    await self._outbox.put(
-                        (head, api_versions_response(0, _unsupported_version()))
-                    )
+                    await self._outbox.put((head, api_versions_response(0, _unsupported_version())))
                     continue
                 self._close(str(e))
                 return
@@ -170,7 +166,10 @@ def _unsupported_version() -> Any:
 async def serve(ctx: BrokerContext, host: str, port: int, max_request_bytes: int) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: KafkaConnection(ctx, max_request_bytes), host, port, reuse_address=True,
+        lambda: KafkaConnection(ctx, max_request_bytes),
+        host,
+        port,
+        reuse_address=True,
         backlog=1024,
     )
     return server

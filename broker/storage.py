@@ -92,25 +92,31 @@ class Storage:
     def stream_id(self, topic: str, partition: int) -> int:
         t = self.topic(topic)
         if not 0 <= partition < len(t.streams):
-            raise KafkaError(ErrorCode.unknown_topic_or_partition,
-                             f"topic {topic!r} has no partition {partition}")
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"topic {topic!r} has no partition {partition}",
+            )
         return t.streams[partition]
 
-    def check_new_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> dict[
-        str, str
-    ]:
+    def check_new_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> dict[str, str]:
         check_topic_name(name)
         if name in self.topics:
             raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
         if partitions <= 0:
-            raise KafkaError(ErrorCode.invalid_partitions,
-                             f"number of partitions must be positive, got {partitions}")
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"number of partitions must be positive, got {partitions}",
+            )
         try:
             return validate_topic_configs(configs)
         except ConfigError as e:
             raise KafkaError(ErrorCode.invalid_config, str(e)) from None
 
-    async def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
+    async def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> Topic:
         async with self._topic_lock:
             valid = self.check_new_topic(name, partitions, configs)
             try:
@@ -146,7 +152,9 @@ class Storage:
                 self.log.add_stream(s)
                 t.streams.append(s.stream_id)
 
-    async def set_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
+    async def set_topic_configs(
+        self, name: str, configs: dict[str, str], validate_only: bool
+    ) -> None:
         t = self.topic(name)
         try:
             valid = validate_topic_configs(configs)
@@ -158,7 +166,9 @@ class Storage:
         t.configs = valid
 
     # -- produce ---------------------------------------------------------------------------
-    def append(self, topic: str, partition: int, data: bytes | None) -> asyncio.Future[AppendResult]:
+    def append(
+        self, topic: str, partition: int, data: bytes | None
+    ) -> asyncio.Future[AppendResult]:
         """Validate and append a produced record set; synchronous up to the durability wait,
         so that calls made in order get offsets in that order."""
         t = self.topic(topic)
@@ -175,8 +185,10 @@ class Storage:
         assert isinstance(max_size, int)
         for h in headers:
             if h.size > max_size:
-                raise KafkaError(ErrorCode.message_too_large,
-                                 f"batch of {h.size} bytes exceeds max.message.bytes {max_size}")
+                raise KafkaError(
+                    ErrorCode.message_too_large,
+                    f"batch of {h.size} bytes exceeds max.message.bytes {max_size}",
+                )
         append_time = now_ms() if t.config("message.timestamp.type") == "LogAppendTime" else None
         count = sum(h.record_count for h in headers)
         max_ts = append_time if append_time is not None else max(h.max_timestamp for h in headers)
@@ -194,7 +206,9 @@ class Storage:
                 return
             exc = f.exception()
             if exc is None:
-                result.set_result(AppendResult(f.result(), -1 if append_time is None else append_time))
+                result.set_result(
+                    AppendResult(f.result(), -1 if append_time is None else append_time)
+                )
             elif isinstance(exc, UnknownStreamError):
                 result.set_exception(KafkaError(ErrorCode.unknown_topic_or_partition))
             elif isinstance(exc, StreamWriteError):
@@ -211,14 +225,18 @@ class Storage:
         st = self.log.stream(self.stream_id(topic, partition))
         return st.start_offset, st.end_offset
 
-    async def read(self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool) -> bytes:
+    async def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> bytes:
         """Whole batches from the one holding `offset`, within max_bytes (at least one batch
         if must_return_one). Raises OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
         sid = self.stream_id(topic, partition)
         st = self.log.stream(sid)
         if offset < st.start_offset or offset > st.end_offset:
-            raise KafkaError(ErrorCode.offset_out_of_range,
-                             f"offset {offset} not in [{st.start_offset}, {st.end_offset}]")
+            raise KafkaError(
+                ErrorCode.offset_out_of_range,
+                f"offset {offset} not in [{st.start_offset}, {st.end_offset}]",
+            )
         chunks = await self.log.read(sid, offset, max_bytes)
         parts: list[memoryview] = []
         total = 0
@@ -232,7 +250,9 @@ class Storage:
                 total += h.size
         return b"".join(parts)
 
-    async def offset_for_time(self, topic: str, partition: int, timestamp: int) -> tuple[int, int] | None:
+    async def offset_for_time(
+        self, topic: str, partition: int, timestamp: int
+    ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp`; for -3 the
         record with the largest timestamp. None when there is none."""
         sid = self.stream_id(topic, partition)
@@ -246,7 +266,7 @@ class Storage:
             first = self.log.find_chunk_by_time(sid, timestamp)
             if first is None:
                 return None
-            candidates = st.chunks[st.chunks.index(first):]
+            candidates = st.chunks[st.chunks.index(first) :]
         found: tuple[int, int] | None = None
         for c in candidates:
             data = await self.log.chunk_data(c)

@@ -136,8 +136,14 @@ class LogStore:
             st = self.streams.get(c.stream_id)
             if st is not None:
                 st.add_chunk(
-                    Chunk(c.base_offset, c.last_offset, c.object_id, c.position, c.length,
-                          c.max_timestamp)
+                    Chunk(
+                        c.base_offset,
+                        c.last_offset,
+                        c.object_id,
+                        c.position,
+                        c.length,
+                        c.max_timestamp,
+                    )
                 )
         self._object_keys = await self.meta.object_keys()
         self._flusher = asyncio.create_task(self._flush_loop(), name="wal-flusher")
@@ -241,8 +247,15 @@ class LogStore:
         blob, entries = walformat.encode(object_id, parts)
         await self._put_with_retries(key, blob)
         rows = [
-            ChunkRow(e.stream_id, e.base_offset, e.last_offset, object_id, e.position, e.length,
-                     max(p.max_timestamp for p in groups[e.stream_id]))
+            ChunkRow(
+                e.stream_id,
+                e.base_offset,
+                e.last_offset,
+                object_id,
+                e.position,
+                e.length,
+                max(p.max_timestamp for p in groups[e.stream_id]),
+            )
             for e in entries
         ]
         live = await self.meta.commit_object(object_id, key, len(blob), rows)
@@ -252,8 +265,16 @@ class LogStore:
             st = self.streams.get(row.stream_id)
             if row.stream_id not in live or st is None:
                 continue
-            st.add_chunk(Chunk(row.base_offset, row.last_offset, object_id, row.position,
-                               row.length, row.max_timestamp))
+            st.add_chunk(
+                Chunk(
+                    row.base_offset,
+                    row.last_offset,
+                    object_id,
+                    row.position,
+                    row.length,
+                    row.max_timestamp,
+                )
+            )
             st.end_offset = row.last_offset + 1
             self.cache.put((object_id, row.position), data)
             self._wake_readers(st)
@@ -300,8 +321,9 @@ class LogStore:
         key = (c.object_id, c.position)
         data = self.cache.get(key)
         if data is None:
-            data = await self.objects.get_range(self._object_keys[c.object_id], c.position,
-                                                c.length)
+            data = await self.objects.get_range(
+                self._object_keys[c.object_id], c.position, c.length
+            )
             self.cache.put(key, data)
         return data
 

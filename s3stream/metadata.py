@@ -232,9 +232,7 @@ class SqliteMetadataStore:
         try:
             (first,) = db.execute("SELECT value FROM meta WHERE key='next_object_id'").fetchone()
             first = int(first)
-            db.execute(
-                "UPDATE meta SET value=? WHERE key='next_object_id'", (str(first + count),)
-            )
+            db.execute("UPDATE meta SET value=? WHERE key='next_object_id'", (str(first + count),))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -245,9 +243,9 @@ class SqliteMetadataStore:
         """The first of `count` object ids nobody else will ever use."""
         return await self._run(self._reserve_object_ids, count)
 
-    def _commit_object(self, object_id: int, key: str, size: int, chunks: list[ChunkRow]) -> set[
-        int
-    ]:
+    def _commit_object(
+        self, object_id: int, key: str, size: int, chunks: list[ChunkRow]
+    ) -> set[int]:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -273,8 +271,15 @@ class SqliteMetadataStore:
             db.executemany(
                 "INSERT INTO chunks VALUES (?,?,?,?,?,?,?)",
                 [
-                    (c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position,
-                     c.length, c.max_timestamp)
+                    (
+                        c.stream_id,
+                        c.base_offset,
+                        c.last_offset,
+                        c.object_id,
+                        c.position,
+                        c.length,
+                        c.max_timestamp,
+                    )
                     for c in live
                 ],
             )

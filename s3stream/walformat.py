@@ -46,9 +46,9 @@ class ChunkEntry:
     crc: int
 
 
-def encode(object_id: int, chunks: list[tuple[int, int, int, bytes | bytearray]]) -> tuple[
-    bytes, list[ChunkEntry]
-]:
+def encode(
+    object_id: int, chunks: list[tuple[int, int, int, bytes | bytearray]]
+) -> tuple[bytes, list[ChunkEntry]]:
     """chunks: (stream id, base offset, last offset, bytes). Returns the object and its index."""
     entries = []
     parts: list[bytes | bytearray] = [b""]

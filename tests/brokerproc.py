@@ -45,9 +45,14 @@ class BrokerProcess:
 
     def start(self) -> BrokerProcess:
         cmd = [
-            sys.executable, "-m", "broker.cli", "broker",
-            "--listen", self.listen,
-            "--data-dir", str(self.data_dir),
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "broker",
+            "--listen",
+            self.listen,
+            "--data-dir",
+            str(self.data_dir),
             *self.extra_args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}

@@ -43,9 +43,15 @@ class RawClient:
         self.correlation += 1
         header_cls = RequestHeaderV2 if req.__flexible__ else RequestHeaderV1
         buf = io.BytesIO()
-        entity_writer(header_cls)(buf, header_cls(
-            request_api_key=req.__api_key__, request_api_version=req.__version__,
-            correlation_id=i32(self.correlation), client_id="rawclient"))
+        entity_writer(header_cls)(
+            buf,
+            header_cls(
+                request_api_key=req.__api_key__,
+                request_api_version=req.__version__,
+                correlation_id=i32(self.correlation),
+                client_id="rawclient",
+            ),
+        )
         entity_writer(type(req))(buf, req)
         body = buf.getvalue()
         return struct.pack(">i", len(body)) + body
@@ -95,12 +101,13 @@ def request_class(api_key: int, version: int, name: str | None = None) -> Any:
 
 
 def make_batch(values: list[bytes], base_ts_ms: int = 1_700_000_000_000) -> bytearray:
-    """One uncompressed v2 batch with a correct CRC."""
+    """One uncompressed v2 batch with a correct CRC; record i has timestamp base + i seconds
+    (whole seconds: kio's writer turns datetimes into milliseconds through a float)."""
     records = tuple(
         Record(
             attributes=i8(0),
             timestamp=TZAwareMicros.parse(
-                datetime.datetime.fromtimestamp((base_ts_ms + i) / 1000, datetime.UTC)
+                datetime.datetime.fromtimestamp(base_ts_ms / 1000 + i, datetime.UTC)
             ),
             offset=i64(i),
             key=f"k{i}".encode(),
@@ -110,7 +117,14 @@ def make_batch(values: list[bytes], base_ts_ms: int = 1_700_000_000_000) -> byte
         for i, v in enumerate(values)
     )
     buf = io.BytesIO()
-    write_new_batch(buf, NewRecordBatch(producer_id=i64(-1), producer_epoch=i16(-1),
-                                        base_sequence=i32(-1), records=records,
-                                        attributes=i16(0)))
+    write_new_batch(
+        buf,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            records=records,
+            attributes=i16(0),
+        ),
+    )
     return bytearray(buf.getvalue())

@@ -15,8 +15,9 @@ def api_versions_response(api_version: int, error: ErrorCode = ErrorCode.none) -
         entry(api_key=a.key, min_version=a.min_version, max_version=a.max_version)
         for a in sorted(REGISTRY.values(), key=lambda a: a.key)
     )
-    return build(response_type(18, api_version), error_code=error, api_keys=keys,
-                 throttle_time=ZERO_MS)
+    return build(
+        response_type(18, api_version), error_code=error, api_keys=keys, throttle_time=ZERO_MS
+    )
 
 
 @api(18, 0, 4)

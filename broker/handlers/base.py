@@ -68,17 +68,17 @@ def api(key: int, min_version: int, max_version: int) -> Callable[[Handler], Han
 
 
 @cache
-def _field_names(cls: type[Any]) -> frozenset[str]:
+def _field_names(cls: Any) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def build(cls: type[Any], **values: Any) -> Any:
+def build(cls: Any, **values: Any) -> Any:
     """Instantiate a schema class with the values its version has (others are dropped)."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def has_field(cls: type[Any], name: str) -> bool:
+def has_field(cls: Any, name: str) -> bool:
     return name in _field_names(cls)
 
 

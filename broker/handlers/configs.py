@@ -11,13 +11,21 @@ from broker.protocol.codec import RequestHead
 
 TOPIC, BROKER = 2, 4
 SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
-CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7,
-                "password": 9}
+CONFIG_TYPES = {
+    "boolean": 1,
+    "string": 2,
+    "int": 3,
+    "long": 5,
+    "double": 6,
+    "list": 7,
+    "password": 9,
+}
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
-def _entry(head: RequestHead, req: Any, d: ConfigDef, value: str | None, source: int,
-           read_only: bool) -> Any:
+def _entry(
+    head: RequestHead, req: Any, d: ConfigDef, value: str | None, source: int, read_only: bool
+) -> Any:
     synonyms: tuple[Any, ...] = ()
     if getattr(req, "include_synonyms", False):
         syn = nested(head, "DescribeConfigsSynonym")
@@ -25,9 +33,15 @@ def _entry(head: RequestHead, req: Any, d: ConfigDef, value: str | None, source:
         if source != SOURCE_DEFAULT:
             synonyms += (build(syn, name=d.name, value=d.default, source=SOURCE_DEFAULT),)
     return build(
-        nested(head, "DescribeConfigsResourceResult"), name=d.name, value=value,
-        read_only=read_only, config_source=source, is_default=source == SOURCE_DEFAULT,
-        is_sensitive=False, synonyms=synonyms, config_type=CONFIG_TYPES.get(d.type, 0),
+        nested(head, "DescribeConfigsResourceResult"),
+        name=d.name,
+        value=value,
+        read_only=read_only,
+        config_source=source,
+        is_default=source == SOURCE_DEFAULT,
+        is_sensitive=False,
+        synonyms=synonyms,
+        config_type=CONFIG_TYPES.get(d.type, 0),
         documentation=d.doc or None if getattr(req, "include_documentation", False) else None,
     )
 
@@ -48,23 +62,40 @@ async def describe_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> A
                         entries.append(_entry(head, req, d, set_value or d.default, source, False))
             elif r.resource_type == BROKER:
                 if r.resource_name not in ("", str(ctx.node_id)):
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     f"this is broker {ctx.node_id}, not {r.resource_name}")
+                    raise KafkaError(
+                        ErrorCode.invalid_request,
+                        f"this is broker {ctx.node_id}, not {r.resource_name}",
+                    )
                 for name, d in sorted(BROKER_CONFIGS.items()):
                     if keys is None or name in keys:
                         from_default = ctx.settings.sources[name] == "default"
                         value = ctx.settings.values[name]
-                        entries.append(_entry(
-                            head, req, d, None if value is None else _fmt(value),
-                            SOURCE_DEFAULT if from_default else SOURCE_STATIC_BROKER, True))
+                        entries.append(
+                            _entry(
+                                head,
+                                req,
+                                d,
+                                None if value is None else _fmt(value),
+                                SOURCE_DEFAULT if from_default else SOURCE_STATIC_BROKER,
+                                True,
+                            )
+                        )
             else:
-                raise KafkaError(ErrorCode.invalid_request,
-                                 f"resource type {r.resource_type} is not supported")
+                raise KafkaError(
+                    ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"
+                )
         except KafkaError as e:
             code, message, entries = e.code, e.message, []
-        results.append(build(nested(head, "DescribeConfigsResult"), error_code=code,
-                             error_message=message, resource_type=r.resource_type,
-                             resource_name=r.resource_name, configs=tuple(entries)))
+        results.append(
+            build(
+                nested(head, "DescribeConfigsResult"),
+                error_code=code,
+                error_message=message,
+                resource_type=r.resource_type,
+                resource_name=r.resource_name,
+                configs=tuple(entries),
+            )
+        )
     return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))
 
 
@@ -82,14 +113,18 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
         code, message = ErrorCode.none, None
         try:
             if r.resource_type != TOPIC:
-                raise KafkaError(ErrorCode.invalid_request,
-                                 "only topic configs can be altered (broker settings are static)")
+                raise KafkaError(
+                    ErrorCode.invalid_request,
+                    "only topic configs can be altered (broker settings are static)",
+                )
             topic = ctx.storage.topic(r.resource_name)
             configs = dict(topic.configs) if incremental else {}
             for c in r.configs:
                 op = c.config_operation if incremental else SET
                 if c.name not in TOPIC_CONFIGS:
-                    raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {c.name}")
+                    raise KafkaError(
+                        ErrorCode.invalid_config, f"Unknown topic config name: {c.name}"
+                    )
                 if op == SET:
                     if c.value is None:
                         raise KafkaError(ErrorCode.invalid_config, f"null value for {c.name}")
@@ -99,8 +134,10 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
                 elif op in (APPEND, SUBTRACT):
                     d = TOPIC_CONFIGS[c.name]
                     if d.type != "list":
-                        raise KafkaError(ErrorCode.invalid_config,
-                                         f"{c.name} is not a list; cannot APPEND/SUBTRACT")
+                        raise KafkaError(
+                            ErrorCode.invalid_config,
+                            f"{c.name} is not a list; cannot APPEND/SUBTRACT",
+                        )
                     current = [v for v in configs.get(c.name, d.default or "").split(",") if v]
                     values = [v for v in (c.value or "").split(",") if v]
                     if op == APPEND:
@@ -113,9 +150,15 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
             await ctx.storage.set_topic_configs(r.resource_name, configs, req.validate_only)
         except KafkaError as e:
             code, message = e.code, e.message
-        results.append(build(nested(head, "AlterConfigsResourceResponse"), error_code=code,
-                             error_message=message, resource_type=r.resource_type,
-                             resource_name=r.resource_name))
+        results.append(
+            build(
+                nested(head, "AlterConfigsResourceResponse"),
+                error_code=code,
+                error_message=message,
+                resource_type=r.resource_type,
+                resource_name=r.resource_name,
+            )
+        )
     return build(resp(head), throttle_time=ZERO_MS, responses=tuple(results))
 
 

@@ -44,18 +44,37 @@ async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any
                 start, hw = storage.offsets(t.topic, p.partition)
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
-                    data = await storage.read(t.topic, p.partition, p.fetch_offset,
-                                              max(limit, 0), must_return_one=total == 0)
+                    data = await storage.read(
+                        t.topic,
+                        p.partition,
+                        p.fetch_offset,
+                        max(limit, 0),
+                        must_return_one=total == 0,
+                    )
             except KafkaError as e:
                 code, errors = e.code, True
             total += len(data)
-            parts.append(build(part_cls, partition_index=p.partition, error_code=code,
-                               high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
-                               aborted_transactions=None if code else (),
-                               preferred_read_replica=-1, records=data))
+            parts.append(
+                build(
+                    part_cls,
+                    partition_index=p.partition,
+                    error_code=code,
+                    high_watermark=hw,
+                    last_stable_offset=hw,
+                    log_start_offset=start,
+                    aborted_transactions=None if code else (),
+                    preferred_read_replica=-1,
+                    records=data,
+                )
+            )
         topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
-    response = build(resp(head), throttle_time=ZERO_MS, error_code=ErrorCode.none, session_id=0,
-                     responses=tuple(topics))
+    response = build(
+        resp(head),
+        throttle_time=ZERO_MS,
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=tuple(topics),
+    )
     return response, total, errors
 
 
@@ -83,9 +102,17 @@ async def list_offsets(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                     raise KafkaError(ErrorCode.invalid_request, f"timestamp {p.timestamp}")
             except KafkaError as e:
                 code = e.code
-            parts.append(build(part_cls, partition_index=p.partition_index, error_code=code,
-                               timestamp=ts, offset=offset, leader_epoch=0 if not code else -1,
-                               old_style_offsets=(offset,) if offset >= 0 else ()))
+            parts.append(
+                build(
+                    part_cls,
+                    partition_index=p.partition_index,
+                    error_code=code,
+                    timestamp=ts,
+                    offset=offset,
+                    leader_epoch=0 if not code else -1,
+                    old_style_offsets=(offset,) if offset >= 0 else (),
+                )
+            )
         topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
     await asyncio.sleep(0)
     return build(resp(head), throttle_time=ZERO_MS, topics=tuple(topics))

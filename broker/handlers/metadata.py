@@ -16,25 +16,44 @@ def _partitions(ctx: BrokerContext, head: RequestHead, topic: Topic) -> tuple[An
     part = nested(head, "MetadataResponsePartition")
     node = ctx.node_id
     return tuple(
-        build(part, error_code=ErrorCode.none, partition_index=i, leader_id=node,
-              leader_epoch=0, replica_nodes=(node,), isr_nodes=(node,), offline_replicas=())
+        build(
+            part,
+            error_code=ErrorCode.none,
+            partition_index=i,
+            leader_id=node,
+            leader_epoch=0,
+            replica_nodes=(node,),
+            isr_nodes=(node,),
+            offline_replicas=(),
+        )
         for i in range(len(topic.streams))
     )
 
 
 def _topic(ctx: BrokerContext, head: RequestHead, topic: Topic) -> Any:
-    return build(nested(head, "MetadataResponseTopic"), error_code=ErrorCode.none,
-                 name=topic.name, topic_id=topic.topic_id, is_internal=False,
-                 partitions=_partitions(ctx, head, topic),
-                 topic_authorized_operations=AUTHORIZED_OPS_OMITTED)
+    return build(
+        nested(head, "MetadataResponseTopic"),
+        error_code=ErrorCode.none,
+        name=topic.name,
+        topic_id=topic.topic_id,
+        is_internal=False,
+        partitions=_partitions(ctx, head, topic),
+        topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
 
 
 def _error_topic(head: RequestHead, name: str | None, code: ErrorCode, topic_id: Any = None) -> Any:
     from uuid import UUID
 
-    return build(nested(head, "MetadataResponseTopic"), error_code=code, name=name,
-                 topic_id=topic_id or UUID(int=0), is_internal=False, partitions=(),
-                 topic_authorized_operations=AUTHORIZED_OPS_OMITTED)
+    return build(
+        nested(head, "MetadataResponseTopic"),
+        error_code=code,
+        name=name,
+        topic_id=topic_id or UUID(int=0),
+        is_internal=False,
+        partitions=(),
+        topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
 
 
 @api(3, 0, 12)
@@ -47,15 +66,17 @@ async def metadata(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     if requested is None:
         topics = [_topic(ctx, head, t) for t in storage.topics.values()]
     else:
-        allow = getattr(req, "allow_auto_topic_creation", True) and ctx.settings[
-            "auto.create.topics.enable"
-        ]
+        allow = (
+            getattr(req, "allow_auto_topic_creation", True)
+            and ctx.settings["auto.create.topics.enable"]
+        )
         for rt in requested:
             name = rt.name
             if name is None:
                 t = storage.topics_by_id.get(rt.topic_id)
                 topics.append(
-                    _topic(ctx, head, t) if t is not None
+                    _topic(ctx, head, t)
+                    if t is not None
                     else _error_topic(head, None, ErrorCode.unknown_topic_id, rt.topic_id)
                 )
                 continue
@@ -73,22 +94,53 @@ async def metadata(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 topics.append(_error_topic(head, name, ErrorCode.unknown_topic_or_partition))
             else:
                 topics.append(_topic(ctx, head, t))
-    broker = build(nested(head, "MetadataResponseBroker"), node_id=ctx.node_id, host=ctx.host,
-                   port=ctx.port, rack=None)
-    return build(resp(head), throttle_time=ZERO_MS, brokers=(broker,),
-                 cluster_id=storage.cluster_id, controller_id=ctx.node_id, topics=tuple(topics),
-                 cluster_authorized_operations=AUTHORIZED_OPS_OMITTED)
+    broker = build(
+        nested(head, "MetadataResponseBroker"),
+        node_id=ctx.node_id,
+        host=ctx.host,
+        port=ctx.port,
+        rack=None,
+    )
+    return build(
+        resp(head),
+        throttle_time=ZERO_MS,
+        brokers=(broker,),
+        cluster_id=storage.cluster_id,
+        controller_id=ctx.node_id,
+        topics=tuple(topics),
+        cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
 
 
 @api(60, 0, 1)
 async def describe_cluster(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     if getattr(req, "endpoint_type", 1) != 1:
-        return build(resp(head), throttle_time=ZERO_MS, error_code=ErrorCode.unsupported_endpoint_type,
-                     error_message="only broker endpoints", endpoint_type=req.endpoint_type,
-                     cluster_id=ctx.storage.cluster_id, controller_id=-1, brokers=(),
-                     cluster_authorized_operations=AUTHORIZED_OPS_OMITTED)
-    broker = build(nested(head, "DescribeClusterBroker"), broker_id=ctx.node_id, host=ctx.host,
-                   port=ctx.port, rack=None)
-    return build(resp(head), throttle_time=ZERO_MS, error_code=ErrorCode.none, error_message=None,
-                 endpoint_type=1, cluster_id=ctx.storage.cluster_id, controller_id=ctx.node_id,
-                 brokers=(broker,), cluster_authorized_operations=AUTHORIZED_OPS_OMITTED)
+        return build(
+            resp(head),
+            throttle_time=ZERO_MS,
+            error_code=ErrorCode.unsupported_endpoint_type,
+            error_message="only broker endpoints",
+            endpoint_type=req.endpoint_type,
+            cluster_id=ctx.storage.cluster_id,
+            controller_id=-1,
+            brokers=(),
+            cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+        )
+    broker = build(
+        nested(head, "DescribeClusterBroker"),
+        broker_id=ctx.node_id,
+        host=ctx.host,
+        port=ctx.port,
+        rack=None,
+    )
+    return build(
+        resp(head),
+        throttle_time=ZERO_MS,
+        error_code=ErrorCode.none,
+        error_message=None,
+        endpoint_type=1,
+        cluster_id=ctx.storage.cluster_id,
+        controller_id=ctx.node_id,
+        brokers=(broker,),
+        cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )

@@ -25,8 +25,10 @@ async def produce(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 if req.acks not in (0, 1, -1):
                     raise KafkaError(ErrorCode.invalid_required_acks, f"acks={req.acks}")
                 if req.transactional_id is not None:
-                    raise KafkaError(ErrorCode.transactional_id_authorization_failed,
-                                     "transactions are not supported yet")
+                    raise KafkaError(
+                        ErrorCode.transactional_id_authorization_failed,
+                        "transactions are not supported yet",
+                    )
                 entry: asyncio.Future[AppendResult] | KafkaError = storage.append(
                     td.name, pd.index, pd.records
                 )
@@ -34,9 +36,9 @@ async def produce(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 entry = e
             entries.append((td.name, pd.index, entry))
     if req.acks == 0:
-        for *_, e in entries:
-            if isinstance(e, asyncio.Future):
-                e.add_done_callback(lambda f: f.exception())  # retrieved: nobody waits
+        for *_, entry in entries:
+            if isinstance(entry, asyncio.Future):
+                entry.add_done_callback(lambda f: f.exception())  # retrieved: nobody waits
         return NO_RESPONSE
     timeout = max(req.timeout.total_seconds(), 0.001)
     return Later(_respond(ctx, head, entries, timeout))
@@ -74,11 +76,20 @@ async def _respond(
         except KafkaError:
             start = -1
         by_topic.setdefault(topic, []).append(
-            build(part_cls, index=partition, error_code=code, base_offset=base,
-                  log_append_time=None if append_time < 0 else
-                  EPOCH + datetime.timedelta(milliseconds=append_time),
-                  log_start_offset=start, record_errors=(), error_message=message)
+            build(
+                part_cls,
+                index=partition,
+                error_code=code,
+                base_offset=base,
+                log_append_time=None
+                if append_time < 0
+                else EPOCH + datetime.timedelta(milliseconds=append_time),
+                log_start_offset=start,
+                record_errors=(),
+                error_message=message,
+            )
         )
-    topics = tuple(build(topic_cls, name=t, partition_responses=tuple(ps))
-                   for t, ps in by_topic.items())
+    topics = tuple(
+        build(topic_cls, name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items()
+    )
     return build(resp(head), responses=topics, throttle_time=ZERO_MS)

@@ -33,13 +33,16 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
             seen.add(t.name)
             if t.assignments:
                 if partitions != -1 or rf != -1:
-                    raise KafkaError(ErrorCode.invalid_request,
-                                     "both assignments and partitions/replication factor given")
+                    raise KafkaError(
+                        ErrorCode.invalid_request,
+                        "both assignments and partitions/replication factor given",
+                    )
                 partitions = len(t.assignments)
                 rf = len(t.assignments[0].broker_ids)
                 if any(set(a.broker_ids) - {ctx.node_id} for a in t.assignments):
-                    raise KafkaError(ErrorCode.invalid_replica_assignment,
-                                     f"only broker {ctx.node_id} exists")
+                    raise KafkaError(
+                        ErrorCode.invalid_replica_assignment, f"only broker {ctx.node_id} exists"
+                    )
             if partitions == -1:
                 partitions = ctx.settings["num.partitions"]
             if rf == -1:
@@ -48,7 +51,8 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 raise KafkaError(
                     ErrorCode.invalid_replication_factor,
                     f"Replication factor: {rf} larger than available brokers: {BROKER_COUNT}."
-                    if rf > 0 else f"Replication factor must be positive, got {rf}",
+                    if rf > 0
+                    else f"Replication factor must be positive, got {rf}",
                 )
             if req.validate_only:
                 storage.check_new_topic(t.name, partitions, configs)
@@ -61,18 +65,31 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
             entry_cls = nested(head, "CreatableTopicConfigs") if head.api_version >= 5 else None
             if entry_cls is not None:
                 config_entries = tuple(
-                    build(entry_cls, name=name, value=configs.get(name, d.default),
-                          read_only=False, is_sensitive=False,
-                          config_source=CONFIG_SOURCE_TOPIC if name in configs
-                          else CONFIG_SOURCE_DEFAULT)
+                    build(
+                        entry_cls,
+                        name=name,
+                        value=configs.get(name, d.default),
+                        read_only=False,
+                        is_sensitive=False,
+                        config_source=CONFIG_SOURCE_TOPIC
+                        if name in configs
+                        else CONFIG_SOURCE_DEFAULT,
+                    )
                     for name, d in sorted(TOPIC_CONFIGS.items())
                 )
-        results.append(build(
-            result_cls, name=t.name, topic_id=topic_id or uuid.UUID(int=0), error_code=code,
-            error_message=message, topic_config_error_code=ErrorCode.none,
-            num_partitions=partitions if code == ErrorCode.none else -1,
-            replication_factor=rf if code == ErrorCode.none else -1, configs=config_entries,
-        ))
+        results.append(
+            build(
+                result_cls,
+                name=t.name,
+                topic_id=topic_id or uuid.UUID(int=0),
+                error_code=code,
+                error_message=message,
+                topic_config_error_code=ErrorCode.none,
+                num_partitions=partitions if code == ErrorCode.none else -1,
+                replication_factor=rf if code == ErrorCode.none else -1,
+                configs=config_entries,
+            )
+        )
     return build(resp(head), throttle_time=ZERO_MS, topics=tuple(results))
 
 
@@ -97,8 +114,15 @@ async def delete_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
             await storage.delete_topic(name)
         except KafkaError as e:
             code, message = e.code, e.message
-        results.append(build(result_cls, name=name, topic_id=tid or uuid.UUID(int=0),
-                             error_code=code, error_message=message))
+        results.append(
+            build(
+                result_cls,
+                name=name,
+                topic_id=tid or uuid.UUID(int=0),
+                error_code=code,
+                error_message=message,
+            )
+        )
     return build(resp(head), throttle_time=ZERO_MS, responses=tuple(results))
 
 

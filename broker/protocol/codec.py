@@ -86,9 +86,9 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
     return min(versions), max(versions)
 
 
-def decode_request(frame: bytes | memoryview, supported: tuple[int, int] | None) -> tuple[
-    RequestHead, Any
-]:
+def decode_request(
+    frame: bytes | memoryview, supported: tuple[int, int] | None
+) -> tuple[RequestHead, Any]:
     """Decode a whole request frame (without its size prefix) into its header and body.
 
     `supported` is the broker's version range for the frame's api key (None: not served)."""

@@ -194,13 +194,15 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     return (raw >> 1) ^ -(raw & 1), pos
 
 
-def record_timestamps(batch: bytes | bytearray | memoryview, h: BatchHeader) -> list[
-    tuple[int, int]
-]:
+def record_timestamps(
+    batch: bytes | bytearray | memoryview, h: BatchHeader
+) -> list[tuple[int, int]]:
     """(offset, timestamp) of every record of one batch (decompressing if needed)."""
     if h.log_append_time:
         return [(h.base_offset + i, h.max_timestamp) for i in range(h.record_count)]
-    body = decompress(h.compression, memoryview(batch)[h.position + HEADER_SIZE : h.position + h.size])
+    body = decompress(
+        h.compression, memoryview(batch)[h.position + HEADER_SIZE : h.position + h.size]
+    )
     out = []
     pos = 0
     for _ in range(h.record_count):

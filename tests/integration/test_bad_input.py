@@ -30,15 +30,24 @@ def api_versions(c: RawClient) -> object:
     return c.request(request_class(18, 3)(client_software_name="t", client_software_version="1"))
 
 
-def create_topic(c: RawClient, name: str, partitions: int = 1,
-                 configs: dict[str, str] | None = None) -> object:
+def create_topic(
+    c: RawClient, name: str, partitions: int = 1, configs: dict[str, str] | None = None
+) -> object:
     topic = request_class(19, 7, "CreatableTopic")
     cfg = request_class(19, 7, "CreatableTopicConfig")
     req = request_class(19, 7)(
-        topics=(topic(name=name, num_partitions=partitions, replication_factor=1,
-                      assignments=(),
-                      configs=tuple(cfg(name=k, value=v) for k, v in (configs or {}).items())),),
-        timeout=datetime.timedelta(seconds=10), validate_only=False)
+        topics=(
+            topic(
+                name=name,
+                num_partitions=partitions,
+                replication_factor=1,
+                assignments=(),
+                configs=tuple(cfg(name=k, value=v) for k, v in (configs or {}).items()),
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=10),
+        validate_only=False,
+    )
     return c.request(req).topics[0]
 
 
@@ -46,9 +55,16 @@ def produce(c: RawClient, topic: str, parts: dict[int, bytes | bytearray]) -> di
     pd = request_class(0, 9, "PartitionProduceData")
     td = request_class(0, 9, "TopicProduceData")
     req = request_class(0, 9)(
-        transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=10),
-        topic_data=(td(name=topic, partition_data=tuple(
-            pd(index=p, records=bytes(data)) for p, data in parts.items())),))
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            td(
+                name=topic,
+                partition_data=tuple(pd(index=p, records=bytes(data)) for p, data in parts.items()),
+            ),
+        ),
+    )
     resp = c.request(req)
     return {p.index: p for p in resp.responses[0].partition_responses}
 
@@ -57,13 +73,32 @@ def fetch(c: RawClient, topic: str, partition: int, offset: int = 0) -> object:
     fp = request_class(1, 12, "FetchPartition")
     ft = request_class(1, 12, "FetchTopic")
     req = request_class(1, 12)(
-        cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(milliseconds=10),
-        min_bytes=1, max_bytes=10_000_000, isolation_level=0, session_id=0, session_epoch=-1,
-        topics=(ft(topic=topic, partitions=(fp(partition=partition, current_leader_epoch=-1,
-                                                fetch_offset=offset, last_fetched_epoch=-1,
-                                                log_start_offset=-1,
-                                                partition_max_bytes=1_000_000),)),),
-        forgotten_topics_data=(), rack_id="")
+        cluster_id=None,
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=10),
+        min_bytes=1,
+        max_bytes=10_000_000,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(
+            ft(
+                topic=topic,
+                partitions=(
+                    fp(
+                        partition=partition,
+                        current_leader_epoch=-1,
+                        fetch_offset=offset,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                        partition_max_bytes=1_000_000,
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
     return c.request(req).responses[0].partitions[0]
 
 
@@ -175,8 +210,13 @@ def test_topic_names_and_configs_kafka_rejects(broker: BrokerProcess) -> None:
         assert r.error_code == INVALID_CONFIG
         r = create_topic(c, "cfg", configs={"retention.ms": "soon"})
         assert r.error_code == INVALID_CONFIG
-        meta = c.request(request_class(3, 12)(topics=None, allow_auto_topic_creation=False,
-                                              include_topic_authorized_operations=False))
+        meta = c.request(
+            request_class(3, 12)(
+                topics=None,
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+        )
         assert sorted(t.name for t in meta.topics) == ["ok.name_1-x"]
 
 
@@ -184,5 +224,6 @@ def test_batch_over_max_message_bytes(broker: BrokerProcess) -> None:
     with RawClient(broker.bootstrap) as c:
         assert create_topic(c, "small", configs={"max.message.bytes": "1000"}).error_code == 0
         assert produce(c, "small", {0: make_batch([b"x" * 2000])})[0].error_code == (
-            MESSAGE_TOO_LARGE)
+            MESSAGE_TOO_LARGE
+        )
         assert produce(c, "small", {0: make_batch([b"x" * 100])})[0].error_code == 0

@@ -497,10 +497,7 @@ def test_log_append_time(broker: BrokerProcess, codec: str) -> None:
     consumed = [to_consumed(m) for m in messages]
     by_ts = {c.offset * PARTITIONS + c.partition: c.timestamp_ms for c in consumed}
     check_consumed(
-        [
-            Rec(r.partition, r.key, r.value, r.headers, by_ts[i])
-            for i, r in enumerate(records)
-        ],
+        [Rec(r.partition, r.key, r.value, r.headers, by_ts[i]) for i, r in enumerate(records)],
         consumed,
     )
 

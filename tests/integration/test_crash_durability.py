@@ -18,8 +18,14 @@ pytestmark = pytest.mark.integration
 def consume_all(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int], bytes]:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "crash-check",
-                  "enable.auto.commit": False, "enable.partition.eof": True})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "crash-check",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         got: dict[tuple[int, int], bytes] = {}
@@ -57,15 +63,23 @@ def test_sigkill_after_acks_all_loses_nothing(tmp_path: Path) -> None:
             else:
                 errors.append(str(err))
 
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all",
-                             "linger.ms": 2, "message.timeout.ms": 5000,
-                             "retries": 0, "reconnect.backoff.max.ms": 200})
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "acks": "all",
+                "linger.ms": 2,
+                "message.timeout.ms": 5000,
+                "retries": 0,
+                "reconnect.backoff.max.ms": 200,
+            }
+        )
         i = 0
         killed = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            producer.produce("durable", value=f"v{i}".encode(), partition=i % 3,
-                             on_delivery=on_delivery)
+            producer.produce(
+                "durable", value=f"v{i}".encode(), partition=i % 3, on_delivery=on_delivery
+            )
             i += 1
             producer.poll(0)
             if not killed and len(acked) >= 5000:
@@ -92,9 +106,14 @@ def test_sigkill_after_acks_all_loses_nothing(tmp_path: Path) -> None:
         after: dict[tuple[int, int], bytes] = {}
         p2 = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
         for j in range(30):
-            p2.produce("durable", value=f"after{j}".encode(), partition=j % 3,
-                       on_delivery=lambda e, m: after.__setitem__((m.partition(), m.offset()),
-                                                                  m.value()) if e is None else None)
+            p2.produce(
+                "durable",
+                value=f"after{j}".encode(),
+                partition=j % 3,
+                on_delivery=lambda e, m: (
+                    after.__setitem__((m.partition(), m.offset()), m.value()) if e is None else None
+                ),
+            )
         assert p2.flush(15) == 0
         assert len(after) == 30
         assert not set(after) & set(stored)

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+
+from s3stream import walformat
+
+
+def test_roundtrip_and_positions() -> None:
+    chunks = [(1, 0, 9, b"a" * 100), (7, 50, 50, b"b" * 10), (2, 3, 4, b"")]
+    blob, entries = walformat.encode(42, chunks)
+    object_id, decoded = walformat.decode_index(blob)
+    assert object_id == 42
+    assert decoded == entries
+    for e, (_sid, _b, _l, data) in zip(entries, chunks, strict=True):
+        assert blob[e.position : e.position + e.length] == data
+
+
+@pytest.mark.parametrize("where", ["magic", "chunk", "index"])
+def test_corruption_is_detected(where: str) -> None:
+    blob, entries = walformat.encode(1, [(1, 0, 0, b"payload-bytes")])
+    bad = bytearray(blob)
+    pos = {"magic": 0, "chunk": entries[0].position + 2, "index": len(blob) - 3}[where]
+    bad[pos] ^= 0x40
+    with pytest.raises(walformat.WalFormatError):
+        walformat.decode_index(bytes(bad))
+
+
+def test_unknown_version_is_refused() -> None:
+    blob, _ = walformat.encode(1, [(1, 0, 0, b"x")])
+    bad = bytearray(blob)
+    bad[4] = 99
+    with pytest.raises(walformat.WalFormatError, match="version"):
+        walformat.decode_index(bytes(bad))
