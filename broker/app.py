@@ -8,6 +8,8 @@ import signal
 import socket
 
 from broker.config import Settings, split_hostport
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
 from broker.net import close_server, serve
 from broker.storage import Storage
@@ -40,7 +42,15 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     storage = build_storage(settings)
     await storage.open()
     host, port = settings.listen
-    ctx = BrokerContext(storage, settings, settings["node.id"], host, port)
+    groups = GroupCoordinator(
+        initial_delay_s=settings["group.initial.rebalance.delay.ms"] / 1000,
+        min_session_s=settings["group.min.session.timeout.ms"] / 1000,
+        max_session_s=settings["group.max.session.timeout.ms"] / 1000,
+    )
+    offsets = OffsetStore(storage.meta)
+    await offsets.load()
+    groups.start()
+    ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
     server = await serve(ctx, host, port, settings["socket.request.max.bytes"])
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
     if settings["advertised"]:
@@ -63,4 +73,5 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     finally:
         log.info("shutting down")
         await close_server(server)
+        await groups.stop()
         await storage.close()

@@ -171,6 +171,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("wal.flush.max.bytes", "int", str(8 * 1024 * 1024), check=_positive),
         ConfigDef("cache.max.bytes", "long", str(256 * 1024 * 1024), check=_nonneg),
         ConfigDef("fetch.max.wait.cap.ms", "int", "30000", check=_nonneg),
+        ConfigDef("group.initial.rebalance.delay.ms", "int", "300", check=_nonneg),
+        ConfigDef("group.min.session.timeout.ms", "int", "6000", check=_positive),
+        ConfigDef("group.max.session.timeout.ms", "int", "1800000", check=_positive),
     ]
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import deque
 from typing import Any, cast
@@ -37,6 +38,7 @@ class KafkaConnection(asyncio.Protocol):
         self.max_request_bytes = max_request_bytes
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.peer_host = ""
         self._buf = bytearray()
         self._inbox: deque[bytes] = deque()
         self._inbox_ready = asyncio.Event()
@@ -54,6 +56,7 @@ class KafkaConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = f"/{peer[0]}" if peer else ""
         self._tasks = [
             asyncio.create_task(self._dispatch(), name=f"dispatch {self.peer}"),
             asyncio.create_task(self._write(), name=f"write {self.peer}"),
@@ -115,6 +118,7 @@ class KafkaConnection(asyncio.Protocol):
                 registered = REGISTRY.get(api_key)
                 supported = (registered.min_version, registered.max_version) if registered else None
                 head, body = decode_request(frame, supported)
+                head = dataclasses.replace(head, client_host=self.peer_host)
             except UnsupportedVersionError as e:
                 if e.api_key == API_VERSIONS:  # answer in v0 so the client can downgrade
                     head = RequestHead(API_VERSIONS, 0, e.correlation_id, None)

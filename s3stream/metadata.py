@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS chunks(
     stream_id INTEGER NOT NULL, base_offset INTEGER NOT NULL, last_offset INTEGER NOT NULL,
     object_id INTEGER NOT NULL, position INTEGER NOT NULL, length INTEGER NOT NULL,
     max_timestamp INTEGER NOT NULL, PRIMARY KEY(stream_id, base_offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_offsets(
+    group_id TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    committed_offset INTEGER NOT NULL, leader_epoch INTEGER NOT NULL, metadata TEXT,
+    commit_ms INTEGER NOT NULL, PRIMARY KEY(group_id, topic, partition)) WITHOUT ROWID;
 """
 
 
@@ -77,7 +81,76 @@ class ChunkRow:
     max_timestamp: int
 
 
-class SqliteMetadataStore:
+@dataclass(frozen=True, slots=True)
+class OffsetRow:
+    group_id: str
+    topic: str
+    partition: int
+    committed_offset: int
+    leader_epoch: int
+    metadata: str | None
+    commit_ms: int
+
+
+class GroupOffsetsMixin:
+    """Committed consumer-group offsets (the SQL half of the group coordinator)."""
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:  # provided by the store
+        raise NotImplementedError
+
+    def _load_offsets(self) -> list[OffsetRow]:
+        return [OffsetRow(*r) for r in self.db.execute(
+            "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata,"
+            " commit_ms FROM group_offsets")]
+
+    async def load_offsets(self) -> list[OffsetRow]:
+        return await self._run(self._load_offsets)
+
+    def _commit_offsets(self, rows: list[OffsetRow]) -> None:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT INTO group_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
+                " (group_id, topic, partition) DO UPDATE SET"
+                " committed_offset=excluded.committed_offset,"
+                " leader_epoch=excluded.leader_epoch, metadata=excluded.metadata,"
+                " commit_ms=excluded.commit_ms",
+                [(r.group_id, r.topic, r.partition, r.committed_offset, r.leader_epoch,
+                  r.metadata, r.commit_ms) for r in rows])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def commit_offsets(self, rows: list[OffsetRow]) -> None:
+        """Store committed offsets durably, all or none."""
+        await self._run(self._commit_offsets, rows)
+
+    def _delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        if keys is None:
+            self.db.execute("DELETE FROM group_offsets WHERE group_id=?", (group_id,))
+        else:
+            self.db.executemany(
+                "DELETE FROM group_offsets WHERE group_id=? AND topic=? AND partition=?",
+                [(group_id, t, p) for t, p in keys])
+
+    def _delete_topic_offsets(self, topic: str) -> None:
+        self.db.execute("DELETE FROM group_offsets WHERE topic=?", (topic,))
+
+    async def delete_topic_offsets(self, topic: str) -> None:
+        await self._run(self._delete_topic_offsets, topic)
+
+    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        """Delete some (or, with None, all) of a group's committed offsets."""
+        await self._run(self._delete_offsets, group_id, keys)
+
+
+class SqliteMetadataStore(GroupOffsetsMixin):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-meta")

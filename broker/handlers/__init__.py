@@ -4,7 +4,9 @@ from broker.handlers import (  # noqa: F401
     api_versions,
     configs,
     fetch,
+    groups,
     metadata,
+    offsets,
     produce,
     topics,
 )

@@ -17,6 +17,8 @@ from functools import cache
 from typing import Any
 
 from broker.config import Settings
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.offsets import OffsetStore
 from broker.protocol.codec import RequestHead, response_type
 from broker.storage import Storage
 
@@ -39,6 +41,8 @@ class BrokerContext:
     node_id: int
     host: str  # advertised
     port: int
+    groups: GroupCoordinator
+    offsets: OffsetStore
 
     @property
     def max_wait_cap_s(self) -> float:

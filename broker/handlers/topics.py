@@ -112,6 +112,7 @@ async def delete_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 name = topic.name
             tid = storage.topic(name).topic_id
             await storage.delete_topic(name)
+            await ctx.offsets.forget_topic(name)
         except KafkaError as e:
             code, message = e.code, e.message
         results.append(

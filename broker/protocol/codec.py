@@ -40,6 +40,7 @@ class RequestHead:
     api_version: int
     correlation_id: int
     client_id: str | None
+    client_host: str = ""  # filled in by the network layer
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""Consumer group coordination (the classic rebalance protocol) and committed offsets."""

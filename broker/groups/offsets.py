@@ -1,0 +1,52 @@
+"""Committed offsets: an in-memory view over the metadata store, written through durably."""
+
+from __future__ import annotations
+
+import time
+
+from s3stream.metadata import OffsetRow, SqliteMetadataStore
+
+MAX_METADATA_BYTES = 4096  # offset.metadata.max.bytes
+
+
+class OffsetStore:
+    def __init__(self, meta: SqliteMetadataStore) -> None:
+        self.meta = meta
+        self.offsets: dict[str, dict[tuple[str, int], OffsetRow]] = {}
+
+    async def load(self) -> None:
+        for r in await self.meta.load_offsets():
+            self.offsets.setdefault(r.group_id, {})[(r.topic, r.partition)] = r
+
+    async def commit(
+        self, group_id: str, entries: list[tuple[str, int, int, int, str | None]]
+    ) -> None:
+        """entries: (topic, partition, offset, leader epoch, metadata). Durable on return."""
+        now = int(time.time() * 1000)
+        rows = [OffsetRow(group_id, t, p, o, e, md, now) for t, p, o, e, md in entries]
+        await self.meta.commit_offsets(rows)
+        group = self.offsets.setdefault(group_id, {})
+        for r in rows:
+            group[(r.topic, r.partition)] = r
+
+    def get(self, group_id: str, topic: str, partition: int) -> OffsetRow | None:
+        return self.offsets.get(group_id, {}).get((topic, partition))
+
+    def of_group(self, group_id: str) -> dict[tuple[str, int], OffsetRow]:
+        return self.offsets.get(group_id, {})
+
+    async def delete(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        await self.meta.delete_offsets(group_id, keys)
+        if keys is None:
+            self.offsets.pop(group_id, None)
+            return
+        group = self.offsets.get(group_id, {})
+        for k in keys:
+            group.pop(k, None)
+
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic's offsets go with it (Kafka removes them too)."""
+        await self.meta.delete_topic_offsets(topic)
+        for group in self.offsets.values():
+            for k in [k for k in group if k[0] == topic]:
+                del group[k]

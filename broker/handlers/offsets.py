@@ -1,0 +1,169 @@
+"""OffsetCommit (8), OffsetFetch (9), OffsetDelete (47)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.errors import ErrorCode, KafkaError
+from broker.groups.offsets import MAX_METADATA_BYTES
+from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.protocol.codec import RequestHead
+
+
+@api(8, 2, 8)
+async def offset_commit(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    part_cls = nested(head, "OffsetCommitResponsePartition")
+    topic_cls = nested(head, "OffsetCommitResponseTopic")
+    group_error = None
+    try:
+        ctx.groups.check_commit(
+            req.group_id,
+            req.generation_id_or_member_epoch,
+            req.member_id,
+            getattr(req, "group_instance_id", None),
+        )
+    except KafkaError as e:
+        group_error = e.code
+    codes: dict[tuple[str, int], ErrorCode] = {}
+    entries = []
+    for t in req.topics:
+        for p in t.partitions:
+            code = group_error or ErrorCode.none
+            if code == ErrorCode.none:
+                try:
+                    ctx.storage.stream_id(t.name, p.partition_index)
+                    if p.committed_metadata and len(p.committed_metadata.encode()) > (
+                        MAX_METADATA_BYTES
+                    ):
+                        raise KafkaError(ErrorCode.offset_metadata_too_large)
+                    entries.append(
+                        (
+                            t.name,
+                            p.partition_index,
+                            p.committed_offset,
+                            getattr(p, "committed_leader_epoch", -1),
+                            p.committed_metadata,
+                        )
+                    )
+                except KafkaError as e:
+                    code = e.code
+            codes[(t.name, p.partition_index)] = code
+    if entries:
+        try:
+            await ctx.offsets.commit(req.group_id, entries)
+        except Exception:
+            for t, p, *_ in entries:
+                codes[(t, p)] = ErrorCode.coordinator_not_available  # retriable
+    topics = tuple(
+        build(
+            topic_cls,
+            name=t.name,
+            partitions=tuple(
+                build(
+                    part_cls,
+                    partition_index=p.partition_index,
+                    error_code=codes[(t.name, p.partition_index)],
+                )
+                for p in t.partitions
+            ),
+        )
+        for t in req.topics
+    )
+    return build(resp(head), throttle_time=ZERO_MS, topics=topics)
+
+
+def _fetch_group(
+    ctx: BrokerContext,
+    head: RequestHead,
+    group_id: str,
+    topics: Any,
+    part_name: str,
+    topic_name: str,
+) -> tuple[Any, ...]:
+    part_cls = nested(head, part_name)
+    topic_cls = nested(head, topic_name)
+    if topics is None:  # all committed offsets of the group
+        wanted: dict[str, list[int]] = {}
+        for t, p in sorted(ctx.offsets.of_group(group_id)):
+            wanted.setdefault(t, []).append(p)
+    else:
+        wanted = {t.name: list(t.partition_indexes) for t in topics}
+    out = []
+    for name, partitions in wanted.items():
+        parts = []
+        for p in partitions:
+            row = ctx.offsets.get(group_id, name, p)
+            parts.append(
+                build(
+                    part_cls,
+                    partition_index=p,
+                    committed_offset=row.committed_offset if row else -1,
+                    committed_leader_epoch=row.leader_epoch if row else -1,
+                    metadata=(row.metadata or "") if row else "",
+                    error_code=ErrorCode.none,
+                )
+            )
+        out.append(build(topic_cls, name=name, partitions=tuple(parts)))
+    return tuple(out)
+
+
+@api(9, 1, 8)
+async def offset_fetch(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    if hasattr(req, "groups"):
+        group_cls = nested(head, "OffsetFetchResponseGroup")
+        groups = tuple(
+            build(
+                group_cls,
+                group_id=g.group_id,
+                error_code=ErrorCode.none,
+                topics=_fetch_group(
+                    ctx,
+                    head,
+                    g.group_id,
+                    g.topics,
+                    "OffsetFetchResponsePartitions",
+                    "OffsetFetchResponseTopics",
+                ),
+            )
+            for g in req.groups
+        )
+        return build(resp(head), throttle_time=ZERO_MS, groups=groups)
+    topics = _fetch_group(
+        ctx,
+        head,
+        req.group_id,
+        req.topics,
+        "OffsetFetchResponsePartition",
+        "OffsetFetchResponseTopic",
+    )
+    return build(resp(head), throttle_time=ZERO_MS, topics=topics, error_code=ErrorCode.none)
+
+
+@api(47, 0, 0)
+async def offset_delete(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+    part_cls = nested(head, "OffsetDeleteResponsePartition")
+    topic_cls = nested(head, "OffsetDeleteResponseTopic")
+    if req.group_id not in ctx.groups.groups and not ctx.offsets.of_group(req.group_id):
+        return build(
+            resp(head), error_code=ErrorCode.group_id_not_found, throttle_time=ZERO_MS, topics=()
+        )
+    subscribed = ctx.groups.subscribed_topics(req.group_id)
+    keys = []
+    topics = []
+    for t in req.topics:
+        code = ErrorCode.group_subscribed_to_topic if t.name in subscribed else ErrorCode.none
+        if code == ErrorCode.none:
+            keys += [(t.name, p.partition_index) for p in t.partitions]
+        topics.append(
+            build(
+                topic_cls,
+                name=t.name,
+                partitions=tuple(
+                    build(part_cls, partition_index=p.partition_index, error_code=code)
+                    for p in t.partitions
+                ),
+            )
+        )
+    if keys:
+        await ctx.offsets.delete(req.group_id, keys)
+    return build(resp(head), error_code=ErrorCode.none, throttle_time=ZERO_MS, topics=tuple(topics))
