@@ -10,9 +10,11 @@ import asyncio
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker.config import ConfigError, topic_config_value, validate_topic_configs
 from broker.errors import ErrorCode, KafkaError
+from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
 from s3stream.log import LogStore, StreamWriteError, UnknownStreamError, WalSettings, now_ms
 from s3stream.metadata import MetadataError, SqliteMetadataStore, TopicRow
@@ -57,6 +59,7 @@ class Storage:
         self.topics: dict[str, Topic] = {}
         self.topics_by_id: dict[uuid.UUID, Topic] = {}
         self.cluster_id = ""
+        self.producers = ProducerStates()
         self._topic_lock = asyncio.Lock()
 
     async def open(self) -> None:
@@ -70,6 +73,7 @@ class Storage:
             if topic is not None and s.partition == len(topic.streams):
                 topic.streams.append(s.stream_id)
         await self.log.open(streams, chunks)
+        self.producers.load(await self.meta.load_producers())
 
     async def close(self) -> None:
         await self.log.close()
@@ -137,6 +141,7 @@ class Storage:
             self.topics_by_id.pop(t.topic_id, None)
             for sid in t.streams:
                 self.log.drop_stream(sid)
+                self.producers.drop_stream(sid)
 
     async def create_partitions(self, name: str, total: int, validate_only: bool) -> None:
         async with self._topic_lock:
@@ -189,6 +194,20 @@ class Storage:
                     ErrorCode.message_too_large,
                     f"batch of {h.size} bytes exceeds max.message.bytes {max_size}",
                 )
+        idempotent = headers[0].producer_id >= 0
+        if idempotent and len(headers) != 1:
+            raise KafkaError(
+                ErrorCode.invalid_record,
+                "an idempotent produce must carry exactly one batch per partition",
+            )
+        if idempotent:
+            h0 = headers[0]
+            last_seq = (h0.base_sequence + h0.last_offset_delta) % SEQ_MODULUS
+            dup = self.producers.check(
+                sid, h0.producer_id, h0.producer_epoch, h0.base_sequence, last_seq
+            )
+            if dup is not None:
+                return self._duplicate(dup)
         append_time = now_ms() if t.config("message.timestamp.type") == "LogAppendTime" else None
         count = sum(h.record_count for h in headers)
         max_ts = append_time if append_time is not None else max(h.max_timestamp for h in headers)
@@ -198,8 +217,13 @@ class Storage:
             records.assign_offsets(buf, headers, base, append_time)
             return buf
 
-        _base, durable = self.log.append(sid, count, max_ts, encode)
+        producer = None
+        if idempotent:
+            producer = (h0.producer_id, h0.producer_epoch, h0.base_sequence, last_seq)
+        base, durable = self.log.append(sid, count, max_ts, encode, producer)
         result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        if producer is not None:
+            self._track_producer(sid, producer, base, base + count - 1, result)
 
         def done(f: asyncio.Future[int]) -> None:
             if result.done():
@@ -218,6 +242,51 @@ class Storage:
 
         durable.add_done_callback(done)
         return result
+
+    def _track_producer(
+        self,
+        sid: int,
+        producer: tuple[int, int, int, int],
+        base: int,
+        last: int,
+        result: asyncio.Future[AppendResult],
+    ) -> None:
+        pid, epoch, first_seq, last_seq = producer
+        batch = BatchMeta(first_seq, last_seq, base, last, result)
+        self.producers.appended(sid, pid, epoch, batch)
+
+        def done(f: asyncio.Future[AppendResult]) -> None:
+            if f.exception() is None:
+                self.producers.made_durable(sid, pid, epoch, batch)
+            else:
+                self.producers.failed(sid)
+
+        result.add_done_callback(done)
+
+    def _duplicate(self, dup: Duplicate) -> asyncio.Future[AppendResult]:
+        out: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        original = dup.batch.durable
+        if original is None or (original.done() and original.exception() is None):
+            out.set_result(AppendResult(dup.batch.base_offset, -1))
+            return out
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if out.done():
+                return
+            exc = f.exception()
+            if exc is None:
+                out.set_result(AppendResult(dup.batch.base_offset, -1))
+            else:
+                out.set_exception(exc)
+
+        original.add_done_callback(done)
+        return out
+
+    async def init_producer_id(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        """A new idempotent producer id (epoch 0), or, for a known one, its next epoch."""
+        if producer_id >= 0 and 0 <= epoch < 2**15 - 1:
+            return producer_id, epoch + 1
+        return await self.meta.next_producer_id(), 0
 
     # -- offsets and reads -----------------------------------------------------------------
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from s3stream import walformat
-from s3stream.metadata import ChunkRow, SqliteMetadataStore, StreamRow
+from s3stream.metadata import ChunkRow, ProducerBatchRow, SqliteMetadataStore, StreamRow
 from s3stream.objectstore import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class _Pending:
     data: bytes | bytearray
     max_timestamp: int
     future: asyncio.Future[int]
+    producer: tuple[int, int, int, int] | None  # (producer id, epoch, first seq, last seq)
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,12 @@ class LogStore:
         record_count: int,
         max_timestamp: int,
         encode: Callable[[int], bytes | bytearray],
+        producer: tuple[int, int, int, int] | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         """Assign `record_count` offsets, encode the data with its base offset, and queue it.
 
+        `producer` (producer id, epoch, first sequence, last sequence) is committed in the same
+        metadata transaction as the data, so sequence checks survive restarts.
         Returns (base offset, future resolved with the base offset once durable)."""
         if self._closed:
             raise StreamWriteError("log store is closing")
@@ -190,7 +194,9 @@ class LogStore:
         data = encode(base)
         st.next_offset = base + record_count
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(st, base, base + record_count - 1, data, max_timestamp, fut))
+        self._pending.append(
+            _Pending(st, base, base + record_count - 1, data, max_timestamp, fut, producer)
+        )
         self._pending_bytes += len(data)
         self._wake.set()
         if self._pending_bytes >= self.settings.flush_max_bytes:
@@ -258,7 +264,12 @@ class LogStore:
             )
             for e in entries
         ]
-        live = await self.meta.commit_object(object_id, key, len(blob), rows)
+        producers = [
+            ProducerBatchRow(p.stream.stream_id, *p.producer[:2], *p.producer[2:],
+                             p.base_offset, p.last_offset)
+            for p in batch if p.producer is not None
+        ]
+        live = await self.meta.commit_object(object_id, key, len(blob), rows, producers)
         self._object_keys[object_id] = key
         self.flushes += 1
         for row, (_sid, _b, _l, data) in zip(rows, parts, strict=True):

@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS chunks(
     stream_id INTEGER NOT NULL, base_offset INTEGER NOT NULL, last_offset INTEGER NOT NULL,
     object_id INTEGER NOT NULL, position INTEGER NOT NULL, length INTEGER NOT NULL,
     max_timestamp INTEGER NOT NULL, PRIMARY KEY(stream_id, base_offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS producer_batches(
+    stream_id INTEGER NOT NULL, producer_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, base_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL, PRIMARY KEY(stream_id, producer_id, base_offset)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS group_offsets(
     group_id TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
     committed_offset INTEGER NOT NULL, leader_epoch INTEGER NOT NULL, metadata TEXT,
@@ -79,6 +83,22 @@ class ChunkRow:
     position: int
     length: int
     max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerBatchRow:
+    """One idempotent batch of a stream: what sequence checks after a restart need."""
+
+    stream_id: int
+    producer_id: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+
+
+PRODUCER_BATCHES_KEPT = 5  # per stream and producer, like Kafka
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +337,8 @@ class SqliteMetadataStore(GroupOffsetsMixin):
         return await self._run(self._reserve_object_ids, count)
 
     def _commit_object(
-        self, object_id: int, key: str, size: int, chunks: list[ChunkRow]
+        self, object_id: int, key: str, size: int, chunks: list[ChunkRow],
+        producers: list[ProducerBatchRow],
     ) -> set[int]:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
@@ -360,20 +381,64 @@ class SqliteMetadataStore(GroupOffsetsMixin):
                 "UPDATE streams SET end_offset=? WHERE stream_id=?",
                 [(end, sid) for sid, end in ends.items()],
             )
+            self._record_producers([p for p in producers if p.stream_id in ends])
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         return {c.stream_id for c in live}
 
+    def _record_producers(self, rows: list[ProducerBatchRow]) -> None:
+        if not rows:
+            return
+        db = self.db
+        db.executemany(
+            "INSERT OR REPLACE INTO producer_batches VALUES (?,?,?,?,?,?,?)",
+            [(r.stream_id, r.producer_id, r.epoch, r.first_seq, r.last_seq, r.base_offset,
+              r.last_offset) for r in rows])
+        db.executemany(
+            "DELETE FROM producer_batches WHERE stream_id=? AND producer_id=? AND base_offset <"
+            " (SELECT min(base_offset) FROM (SELECT base_offset FROM producer_batches"
+            "  WHERE stream_id=? AND producer_id=? ORDER BY base_offset DESC LIMIT ?))",
+            [(sid, pid, sid, pid, PRODUCER_BATCHES_KEPT)
+             for sid, pid in {(r.stream_id, r.producer_id) for r in rows}])
+
+    def _load_producers(self) -> list[ProducerBatchRow]:
+        return [ProducerBatchRow(*r) for r in self.db.execute(
+            "SELECT p.stream_id, p.producer_id, p.epoch, p.first_seq, p.last_seq, p.base_offset,"
+            " p.last_offset FROM producer_batches p JOIN streams s USING (stream_id)"
+            " WHERE s.deleted = 0 ORDER BY p.stream_id, p.producer_id, p.base_offset")]
+
+    async def load_producers(self) -> list[ProducerBatchRow]:
+        return await self._run(self._load_producers)
+
+    def _next_producer_id(self) -> int:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('next_producer_id', '1000')")
+            (pid,) = db.execute("SELECT value FROM meta WHERE key='next_producer_id'").fetchone()
+            db.execute("UPDATE meta SET value=? WHERE key='next_producer_id'", (str(int(pid) + 1),))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return int(pid)
+
+    async def next_producer_id(self) -> int:
+        """A producer id never handed out before (durable before it is returned)."""
+        return await self._run(self._next_producer_id)
+
     async def commit_object(
-        self, object_id: int, key: str, size: int, chunks: list[ChunkRow]
+        self, object_id: int, key: str, size: int, chunks: list[ChunkRow],
+        producers: list[ProducerBatchRow] | None = None,
     ) -> set[int]:
         """Make the chunks of a durable object part of their streams, in one transaction.
 
         Raises OffsetConflictError (and commits nothing) unless every chunk starts at its
         stream's current end offset. Returns the ids of the streams that still exist."""
-        return await self._run(self._commit_object, object_id, key, size, chunks)
+        return await self._run(self._commit_object, object_id, key, size, chunks,
+                               producers or [])
 
 
 def open_metadata_store(url: str) -> SqliteMetadataStore:

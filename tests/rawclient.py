@@ -100,7 +100,8 @@ def request_class(api_key: int, version: int, name: str | None = None) -> Any:
     return getattr(sys.modules[cls.__module__], name)
 
 
-def make_batch(values: list[bytes], base_ts_ms: int = 1_700_000_000_000) -> bytearray:
+def make_batch(values: list[bytes], base_ts_ms: int = 1_700_000_000_000, producer_id: int = -1,
+               producer_epoch: int = -1, base_sequence: int = -1) -> bytearray:
     """One uncompressed v2 batch with a correct CRC; record i has timestamp base + i seconds
     (whole seconds: kio's writer turns datetimes into milliseconds through a float)."""
     records = tuple(
@@ -120,9 +121,9 @@ def make_batch(values: list[bytes], base_ts_ms: int = 1_700_000_000_000) -> byte
     write_new_batch(
         buf,
         NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
+            producer_id=i64(producer_id),
+            producer_epoch=i16(producer_epoch),
+            base_sequence=i32(base_sequence),
             records=records,
             attributes=i16(0),
         ),

@@ -8,6 +8,7 @@ from broker.handlers import (  # noqa: F401
     metadata,
     offsets,
     produce,
+    producer_ids,
     topics,
 )
 from broker.handlers.base import REGISTRY, BrokerContext, Later
