@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every setting with where it came from, then exit",
     )
+    g = sub.add_parser("groups", help="consumer groups: list, or describe with lag")
+    g.add_argument("action", choices=["list", "describe"])
+    g.add_argument("group", nargs="?")
+    g.add_argument(
+        "--bootstrap", help="HOST:PORT of a broker (default FLOE_BOOTSTRAP or 127.0.0.1:9092)"
+    )
+    g.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
@@ -59,7 +66,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "broker":
         return _broker(args)
+    if args.command == "groups":
+        return _groups(args)
     return 2
+
+
+def _groups(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from broker.client import KafkaClientError
+    from broker.groups.describe import describe_group, list_groups, render
+
+    bootstrap = args.bootstrap or os.environ.get("FLOE_BOOTSTRAP", "127.0.0.1:9092")
+    try:
+        if args.action == "list":
+            groups = list_groups(bootstrap)
+            if args.json:
+                print(json.dumps([{"group": g, "state": s} for g, s in groups]))
+            else:
+                for g, s in groups:
+                    print(f"{g}\t{s}")
+            return 0
+        if not args.group:
+            print("floe groups describe: name a group", file=sys.stderr)
+            return 2
+        print(render(describe_group(bootstrap, args.group), args.json))
+        return 0
+    except KafkaClientError as e:
+        print(f"floe groups: {e}", file=sys.stderr)
+        return 1
 
 
 def _broker(args: argparse.Namespace) -> int:

@@ -144,3 +144,37 @@ def test_committed_offsets_survive_broker_sigkill(broker: BrokerProcess) -> None
         assert [(tp.partition, tp.offset) for tp in got] == [(0, 17), (1, 33)]
     finally:
         c.close()
+
+
+def test_floe_groups_describe_shows_lag(broker: BrokerProcess) -> None:
+    import json
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("lagged", 2, 1)])["lagged"].result(10)
+    produce(broker.bootstrap, "lagged", 0, 50, 2)  # 25 per partition
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "watchers",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 6000})
+    try:
+        c.subscribe(["lagged"])
+        wait_for(lambda: c.poll(0.2) is not None and len(c.assignment()) == 2, 20, "assignment")
+        c.commit(offsets=[TopicPartition("lagged", 0, 10), TopicPartition("lagged", 1, 25)],
+                 asynchronous=False)
+        out = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "groups", "describe", "watchers",
+             "--bootstrap", broker.bootstrap, "--json"],
+            capture_output=True, text=True, timeout=30, cwd=ROOT, check=True).stdout
+        report = json.loads(out)
+        assert report["state"] == "Stable" and len(report["members"]) == 1
+        assert sorted(report["members"][0]["assignment"]) == ["lagged-0", "lagged-1"]
+        rows = {(r["topic"], r["partition"]): r for r in report["partitions"]}
+        assert (rows[("lagged", 0)]["committed"], rows[("lagged", 0)]["end"],
+                rows[("lagged", 0)]["lag"]) == (10, 25, 15)
+        assert rows[("lagged", 1)]["lag"] == 0
+        text = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "groups", "describe", "watchers",
+             "--bootstrap", broker.bootstrap], capture_output=True, text=True, timeout=30,
+            cwd=ROOT, check=True).stdout
+        assert "LAG" in text and "lagged" in text
+    finally:
+        c.close()

@@ -196,7 +196,7 @@ public class FloeClientCheck {
         p.put(ProducerConfig.CLIENT_ID_CONFIG, "floe-java-check-producer-" + codec);
         p.put(ProducerConfig.ACKS_CONFIG, "all");
         p.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, codec);
-        p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "false");
+        p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
         p.put(ProducerConfig.LINGER_MS_CONFIG, "5");
         p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, "30000");
         p.put(ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG, "15000");
