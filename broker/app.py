@@ -6,13 +6,16 @@ import asyncio
 import logging
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 
 from broker.config import Settings, split_hostport
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
 from broker.net import close_server, serve
+from broker.retention import apply_retention
 from broker.storage import Storage
+from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store
 from s3stream.objectstore import open_object_store
@@ -32,6 +35,26 @@ def build_storage(settings: Settings) -> Storage:
         open_metadata_store(settings.metadata_url),
         wal,
     )
+
+
+def compaction_settings(settings: Settings) -> CompactionSettings:
+    return CompactionSettings(
+        interval_ms=settings["compaction.interval.ms"],
+        min_age_ms=settings["compaction.min.age.ms"],
+        max_bytes_per_run=settings["compaction.max.bytes"],
+        stream_object_max_bytes=settings["stream.object.max.bytes"],
+        gc_delay_ms=settings["objects.gc.delay.ms"],
+    )
+
+
+async def _every(interval_ms: int, what: str, job: Callable[[], Awaitable[object]]) -> None:
+    """Run a maintenance job forever; a failed run is logged and tried again next time."""
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        try:
+            await job()
+        except Exception:
+            log.exception("%s failed; retrying in %d ms", what, interval_ms)
 
 
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -68,10 +91,29 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         ctx.port,
     )
     print(f"listening on {bound_host}:{bound_port}", flush=True)
+    background = [
+        asyncio.create_task(
+            _every(
+                settings["compaction.interval.ms"],
+                "compaction",
+                Compactor(storage.log, compaction_settings(settings)).run_once,
+            )
+        ),
+        asyncio.create_task(
+            _every(
+                settings["log.retention.check.interval.ms"],
+                "retention",
+                lambda: apply_retention(storage),
+            )
+        ),
+    ]
     try:
         await stop.wait()
     finally:
         log.info("shutting down")
+        for t in background:
+            t.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         await close_server(server)
         await groups.stop()
         await storage.close()

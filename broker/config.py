@@ -172,6 +172,20 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("cache.max.bytes", "long", str(256 * 1024 * 1024), check=_nonneg),
         ConfigDef("fetch.max.wait.cap.ms", "int", "30000", check=_nonneg),
         ConfigDef("group.initial.rebalance.delay.ms", "int", "300", check=_nonneg),
+        ConfigDef(
+            "compaction.interval.ms",
+            "int",
+            "30000",
+            "how often WAL objects are compacted",
+            _positive,
+        ),
+        ConfigDef("compaction.min.age.ms", "int", "10000", "WAL objects younger stay", _nonneg),
+        ConfigDef("compaction.max.bytes", "long", str(256 * 1024 * 1024), check=_positive),
+        ConfigDef("stream.object.max.bytes", "long", str(64 * 1024 * 1024), check=_positive),
+        ConfigDef(
+            "objects.gc.delay.ms", "int", "30000", "unreferenced objects live this long", _nonneg
+        ),
+        ConfigDef("log.retention.check.interval.ms", "int", "60000", check=_positive),
         ConfigDef("group.min.session.timeout.ms", "int", "6000", check=_positive),
         ConfigDef("group.max.session.timeout.ms", "int", "1800000", check=_positive),
     ]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from s3stream import walformat
 from s3stream.metadata import ChunkRow, ProducerBatchRow, SqliteMetadataStore, StreamRow
-from s3stream.objectstore import ObjectStore
+from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,49 @@ class LogStore:
             if not p.future.done():
                 p.future.set_exception(StreamWriteError(f"not made durable: {err!r}"))
 
+    async def new_object_id(self) -> int:
+        return await self._object_id()
+
+    async def put_object(self, key: str, blob: bytes) -> None:
+        await self._put_with_retries(key, blob)
+
+    def replace_chunks(
+        self, new: list[ChunkRow], old: list[ChunkRow], keys: dict[int, str]
+    ) -> None:
+        """Apply a committed compaction to the in-memory index."""
+        self._object_keys.update(keys)
+        gone = {(c.stream_id, c.base_offset, c.object_id) for c in old}
+        touched = {c.stream_id for c in old} | {c.stream_id for c in new}
+        for sid in touched:
+            st = self.streams.get(sid)
+            if st is None:
+                continue
+            kept = [c for c in st.chunks if (sid, c.base_offset, c.object_id) not in gone]
+            kept += [
+                Chunk(
+                    c.base_offset, c.last_offset, c.object_id, c.position, c.length, c.max_timestamp
+                )
+                for c in new
+                if c.stream_id == sid
+            ]
+            kept.sort(key=lambda c: c.base_offset)
+            st.chunks = kept
+            st.bases = [c.base_offset for c in kept]
+
+    def forget_objects(self, object_ids: list[int]) -> None:
+        for oid in object_ids:
+            self._object_keys.pop(oid, None)
+
+    async def truncate(self, stream_id: int, start_offset: int) -> int:
+        """Move the stream's log start offset forward (durably); drop chunks wholly below."""
+        st = self.stream(stream_id)
+        start = await self.meta.truncate(stream_id, min(start_offset, st.end_offset))
+        st.start_offset = max(st.start_offset, start)
+        kept = [c for c in st.chunks if c.last_offset >= st.start_offset]
+        st.chunks = kept
+        st.bases = [c.base_offset for c in kept]
+        return st.start_offset
+
     async def _object_id(self) -> int:
         if not self._ids:
             first = await self.meta.reserve_object_ids(64)
@@ -265,9 +308,11 @@ class LogStore:
             for e in entries
         ]
         producers = [
-            ProducerBatchRow(p.stream.stream_id, *p.producer[:2], *p.producer[2:],
-                             p.base_offset, p.last_offset)
-            for p in batch if p.producer is not None
+            ProducerBatchRow(
+                p.stream.stream_id, *p.producer[:2], *p.producer[2:], p.base_offset, p.last_offset
+            )
+            for p in batch
+            if p.producer is not None
         ]
         live = await self.meta.commit_object(object_id, key, len(blob), rows, producers)
         self._object_keys[object_id] = key
@@ -314,6 +359,12 @@ class LogStore:
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """Chunks (base offset, bytes) from the one holding `offset`, at least one, until
         `max_bytes` is reached. Empty when offset is at or past the end."""
+        try:
+            return await self._read(stream_id, offset, max_bytes)
+        except ObjectNotFoundError:  # compaction replaced and deleted it meanwhile: once more
+            return await self._read(stream_id, offset, max_bytes)
+
+    async def _read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         st = self.stream(stream_id)
         if offset >= st.end_offset or not st.chunks:
             return []

@@ -8,11 +8,12 @@ Backend here: SQLite (`sqlite:///path/meta.db`), driven from one dedicated threa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,9 @@ class GroupOffsetsMixin:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:  # provided by the store
         raise NotImplementedError
 
+    def _txn(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
     def _load_offsets(self) -> list[OffsetRow]:
         return [OffsetRow(*r) for r in self.db.execute(
             "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata,"
@@ -132,8 +136,7 @@ class GroupOffsetsMixin:
 
     def _commit_offsets(self, rows: list[OffsetRow]) -> None:
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             db.executemany(
                 "INSERT INTO group_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
                 " (group_id, topic, partition) DO UPDATE SET"
@@ -142,10 +145,6 @@ class GroupOffsetsMixin:
                 " commit_ms=excluded.commit_ms",
                 [(r.group_id, r.topic, r.partition, r.committed_offset, r.leader_epoch,
                   r.metadata, r.commit_ms) for r in rows])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     async def commit_offsets(self, rows: list[OffsetRow]) -> None:
         """Store committed offsets durably, all or none."""
@@ -170,7 +169,104 @@ class GroupOffsetsMixin:
         await self._run(self._delete_offsets, group_id, keys)
 
 
-class SqliteMetadataStore(GroupOffsetsMixin):
+@dataclass(frozen=True, slots=True)
+class ObjectRow:
+    object_id: int
+    key: str
+    size: int
+    kind: str
+    created_ms: int
+
+
+class LogMaintenanceMixin:
+    """Compaction, retention and garbage collection of objects (the SQL half)."""
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:  # provided by the store
+        raise NotImplementedError
+
+    def _txn(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _objects(self, kind: str) -> list[ObjectRow]:
+        return [ObjectRow(*r) for r in self.db.execute(
+            "SELECT object_id, key, size, kind, created_ms FROM objects WHERE kind=?"
+            " ORDER BY object_id", (kind,))]
+
+    async def objects(self, kind: str) -> list[ObjectRow]:
+        return await self._run(self._objects, kind)
+
+    def _chunks_of_objects(self, object_ids: list[int]) -> list[ChunkRow]:
+        marks = ",".join("?" * len(object_ids))
+        return [ChunkRow(*r) for r in self.db.execute(
+            "SELECT stream_id, base_offset, last_offset, object_id, position, length,"
+            f" max_timestamp FROM chunks WHERE object_id IN ({marks})"
+            " ORDER BY stream_id, base_offset", object_ids)]
+
+    async def chunks_of_objects(self, object_ids: list[int]) -> list[ChunkRow]:
+        return await self._run(self._chunks_of_objects, object_ids)
+
+    def _replace_chunks(self, new_objects: list[ObjectRow], new_chunks: list[ChunkRow],
+                        old_chunks: list[ChunkRow]) -> int:
+        with self._txn() as db:
+            removed = 0
+            for c in old_chunks:
+                removed += db.execute(
+                    "DELETE FROM chunks WHERE stream_id=? AND base_offset=? AND object_id=?",
+                    (c.stream_id, c.base_offset, c.object_id)).rowcount
+            if removed != len(old_chunks):
+                raise MetadataError("the chunks to replace changed underneath the compaction")
+            db.executemany("INSERT INTO objects VALUES (?,?,?,?,?)",
+                           [(o.object_id, o.key, o.size, o.kind, o.created_ms)
+                            for o in new_objects])
+            db.executemany("INSERT INTO chunks VALUES (?,?,?,?,?,?,?)",
+                           [(c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position,
+                             c.length, c.max_timestamp) for c in new_chunks])
+        return removed
+
+    async def replace_chunks(self, new_objects: list[ObjectRow], new_chunks: list[ChunkRow],
+                             old_chunks: list[ChunkRow]) -> None:
+        """Swap chunks for their copies in new objects, in one transaction (compaction)."""
+        await self._run(self._replace_chunks, new_objects, new_chunks, old_chunks)
+
+    def _truncate(self, stream_id: int, start_offset: int) -> int:
+        with self._txn() as db:
+            (current,) = db.execute("SELECT start_offset FROM streams WHERE stream_id=?",
+                                    (stream_id,)).fetchone()
+            start = max(current, start_offset)
+            db.execute("UPDATE streams SET start_offset=? WHERE stream_id=?", (start, stream_id))
+            db.execute("DELETE FROM chunks WHERE stream_id=? AND last_offset < ?",
+                       (stream_id, start))
+        return int(start)
+
+    async def truncate(self, stream_id: int, start_offset: int) -> int:
+        """Move a stream's log start offset forward (never back); drop chunks wholly below
+        it. Returns the new start offset."""
+        return await self._run(self._truncate, stream_id, start_offset)
+
+    def _unreferenced(self, older_than_ms: int) -> list[ObjectRow]:
+        return [ObjectRow(*r) for r in self.db.execute(
+            "SELECT object_id, key, size, kind, created_ms FROM objects o WHERE created_ms < ?"
+            " AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.object_id = o.object_id)",
+            (older_than_ms,))]
+
+    async def unreferenced_objects(self, older_than_ms: int) -> list[ObjectRow]:
+        return await self._run(self._unreferenced, older_than_ms)
+
+    def _forget_objects(self, object_ids: list[int]) -> None:
+        with self._txn() as db:
+            for oid in object_ids:
+                db.execute("DELETE FROM objects WHERE object_id=? AND NOT EXISTS"
+                           " (SELECT 1 FROM chunks c WHERE c.object_id = ?)", (oid, oid))
+
+    async def forget_objects(self, object_ids: list[int]) -> None:
+        await self._run(self._forget_objects, object_ids)
+
+
+class SqliteMetadataStore(GroupOffsetsMixin, LogMaintenanceMixin):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-meta")
@@ -178,6 +274,18 @@ class SqliteMetadataStore(GroupOffsetsMixin):
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    @contextlib.contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: it takes the write lock up front)."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -256,8 +364,7 @@ class SqliteMetadataStore(GroupOffsetsMixin):
         self, name: str, partitions: int, configs: dict[str, str]
     ) -> tuple[TopicRow, list[StreamRow]]:
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             if db.execute("SELECT 1 FROM topics WHERE name=?", (name,)).fetchone():
                 raise MetadataError(f"topic {name!r} already exists")
             tid = uuid.uuid4()
@@ -266,10 +373,6 @@ class SqliteMetadataStore(GroupOffsetsMixin):
                 (name, str(tid), json.dumps(configs), int(time.time() * 1000)),
             )
             streams = [self._add_stream(name, p) for p in range(partitions)]
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return TopicRow(name, tid, configs), streams
 
     def _add_stream(self, topic: str, partition: int) -> StreamRow:
@@ -285,14 +388,8 @@ class SqliteMetadataStore(GroupOffsetsMixin):
         return await self._run(self._create_topic, name, partitions, configs)
 
     def _add_partitions(self, topic: str, first: int, count: int) -> list[StreamRow]:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             streams = [self._add_stream(topic, p) for p in range(first, first + count)]
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return streams
 
     async def add_partitions(self, topic: str, first: int, count: int) -> list[StreamRow]:
@@ -300,14 +397,12 @@ class SqliteMetadataStore(GroupOffsetsMixin):
 
     def _delete_topic(self, name: str) -> None:
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
+            live = "SELECT stream_id FROM streams WHERE topic=? AND deleted=0"
+            db.execute(f"DELETE FROM chunks WHERE stream_id IN ({live})", (name,))
+            db.execute(f"DELETE FROM producer_batches WHERE stream_id IN ({live})", (name,))
             db.execute("DELETE FROM topics WHERE name=?", (name,))
             db.execute("UPDATE streams SET deleted=1 WHERE topic=? AND deleted=0", (name,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     async def delete_topic(self, name: str) -> None:
         await self._run(self._delete_topic, name)
@@ -321,15 +416,10 @@ class SqliteMetadataStore(GroupOffsetsMixin):
     # -- the log ---------------------------------------------------------------------------
     def _reserve_object_ids(self, count: int) -> int:
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             (first,) = db.execute("SELECT value FROM meta WHERE key='next_object_id'").fetchone()
             first = int(first)
             db.execute("UPDATE meta SET value=? WHERE key='next_object_id'", (str(first + count),))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return first
 
     async def reserve_object_ids(self, count: int) -> int:
@@ -341,8 +431,7 @@ class SqliteMetadataStore(GroupOffsetsMixin):
         producers: list[ProducerBatchRow],
     ) -> set[int]:
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             ends = dict(
                 db.execute(
                     "SELECT stream_id, end_offset FROM streams WHERE deleted=0 AND stream_id IN"
@@ -382,10 +471,6 @@ class SqliteMetadataStore(GroupOffsetsMixin):
                 [(end, sid) for sid, end in ends.items()],
             )
             self._record_producers([p for p in producers if p.stream_id in ends])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return {c.stream_id for c in live}
 
     def _record_producers(self, rows: list[ProducerBatchRow]) -> None:
@@ -414,15 +499,10 @@ class SqliteMetadataStore(GroupOffsetsMixin):
 
     def _next_producer_id(self) -> int:
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('next_producer_id', '1000')")
             (pid,) = db.execute("SELECT value FROM meta WHERE key='next_producer_id'").fetchone()
             db.execute("UPDATE meta SET value=? WHERE key='next_producer_id'", (str(int(pid) + 1),))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return int(pid)
 
     async def next_producer_id(self) -> int:

@@ -3,6 +3,7 @@
 from broker.handlers import (  # noqa: F401
     api_versions,
     configs,
+    delete_records,
     fetch,
     groups,
     metadata,

@@ -1,0 +1,187 @@
+"""Compaction: WAL objects (many streams each) become stream objects (one stream each).
+
+The planner is pure: given the WAL objects and their live chunks it decides which objects to
+rewrite and which stream objects to build. The executor reads the WAL objects, writes the stream
+objects, swaps the chunk index in one metadata transaction, and only later (after a grace delay
+that lets in-flight reads finish) deletes objects no chunk refers to any more. A crash at any
+point leaves either the old chunks or the new ones in the index, never a mix and never a loss:
+stream objects written but not committed are unreferenced garbage; WAL objects whose chunks
+moved are deleted on a later pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from s3stream import walformat
+from s3stream.log import LogStore
+from s3stream.metadata import ChunkRow, ObjectRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    interval_ms: int = 30_000
+    min_age_ms: int = 10_000  # leave the newest WAL objects alone (tail reads hit the cache)
+    max_bytes_per_run: int = 256 * 1024 * 1024
+    stream_object_max_bytes: int = 64 * 1024 * 1024
+    gc_delay_ms: int = 30_000
+
+
+@dataclass(frozen=True)
+class StreamObjectPlan:
+    stream_id: int
+    chunks: list[ChunkRow]  # contiguous offsets, in order
+
+    @property
+    def base_offset(self) -> int:
+        return self.chunks[0].base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.chunks[-1].last_offset
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    wal_objects: list[ObjectRow]
+    stream_objects: list[StreamObjectPlan]
+
+
+def choose_wal_objects(wal: list[ObjectRow], now_ms: int, s: CompactionSettings) -> list[ObjectRow]:
+    """The oldest WAL objects (a prefix by id, so each stream's chunks in them are a
+    contiguous run) that are old enough, within the byte budget (at least one)."""
+    chosen: list[ObjectRow] = []
+    total = 0
+    for o in sorted(wal, key=lambda o: o.object_id):
+        if o.created_ms > now_ms - s.min_age_ms:
+            break
+        if chosen and total + o.size > s.max_bytes_per_run:
+            break
+        chosen.append(o)
+        total += o.size
+    return chosen
+
+
+def plan_compaction(
+    wal: list[ObjectRow], chunks: list[ChunkRow], s: CompactionSettings
+) -> CompactionPlan:
+    """Group the live chunks of the chosen WAL objects by stream and cut each stream's run into
+    stream objects of at most `stream_object_max_bytes` (a chunk is never split)."""
+    by_stream: dict[int, list[ChunkRow]] = {}
+    for c in sorted(chunks, key=lambda c: (c.stream_id, c.base_offset)):
+        by_stream.setdefault(c.stream_id, []).append(c)
+    plans: list[StreamObjectPlan] = []
+    for sid, run in by_stream.items():
+        current: list[ChunkRow] = []
+        size = 0
+        for c in run:
+            if current and (
+                size + c.length > s.stream_object_max_bytes
+                or c.base_offset != current[-1].last_offset + 1
+            ):
+                plans.append(StreamObjectPlan(sid, current))
+                current, size = [], 0
+            current.append(c)
+            size += c.length
+        if current:
+            plans.append(StreamObjectPlan(sid, current))
+    return CompactionPlan(wal, plans)
+
+
+@dataclass
+class CompactionStats:
+    wal_objects: int = 0
+    stream_objects: int = 0
+    bytes: int = 0
+    deleted_objects: int = 0
+
+
+@dataclass
+class Compactor:
+    store: LogStore
+    settings: CompactionSettings
+    _unreferenced_since: dict[int, float] = field(default_factory=dict)
+
+    async def run_once(self) -> CompactionStats:
+        stats = CompactionStats()
+        meta = self.store.meta
+        now = int(time.time() * 1000)
+        chosen = choose_wal_objects(await meta.objects("wal"), now, self.settings)
+        if chosen:
+            chunks = await meta.chunks_of_objects([o.object_id for o in chosen])
+            plan = plan_compaction(chosen, chunks, self.settings)
+            await self._execute(plan, stats)
+        await self._collect_garbage(stats)
+        return stats
+
+    async def _execute(self, plan: CompactionPlan, stats: CompactionStats) -> None:
+        if not plan.stream_objects:
+            return
+        meta = self.store.meta
+        blobs = {o.object_id: await self.store.objects.get(o.key) for o in plan.wal_objects}
+        new_objects: list[ObjectRow] = []
+        new_chunks: list[ChunkRow] = []
+        old_chunks: list[ChunkRow] = []
+        for sp in plan.stream_objects:
+            data = b"".join(
+                blobs[c.object_id][c.position : c.position + c.length] for c in sp.chunks
+            )
+            object_id = await self.store.new_object_id()
+            blob, (entry,) = walformat.encode(
+                object_id, [(sp.stream_id, sp.base_offset, sp.last_offset, data)]
+            )
+            key = f"stream/{sp.stream_id}/{sp.base_offset:020d}-{object_id}"
+            await self.store.put_object(key, blob)
+            new_objects.append(
+                ObjectRow(object_id, key, len(blob), "stream", int(time.time() * 1000))
+            )
+            new_chunks.append(
+                ChunkRow(
+                    sp.stream_id,
+                    sp.base_offset,
+                    sp.last_offset,
+                    object_id,
+                    entry.position,
+                    entry.length,
+                    max(c.max_timestamp for c in sp.chunks),
+                )
+            )
+            old_chunks.extend(sp.chunks)
+            stats.bytes += len(data)
+        await meta.replace_chunks(new_objects, new_chunks, old_chunks)
+        self.store.replace_chunks(new_chunks, old_chunks, {o.object_id: o.key for o in new_objects})
+        stats.wal_objects += len(plan.wal_objects)
+        stats.stream_objects += len(new_objects)
+        log.info(
+            "compacted %d WAL objects into %d stream objects (%d bytes)",
+            len(plan.wal_objects),
+            len(new_objects),
+            stats.bytes,
+        )
+
+    async def _collect_garbage(self, stats: CompactionStats) -> None:
+        """Delete objects that no chunk has referred to for at least the GC delay."""
+        meta = self.store.meta
+        now = time.monotonic()
+        garbage = await meta.unreferenced_objects(int(time.time() * 1000))
+        current = {o.object_id for o in garbage}
+        self._unreferenced_since = {
+            oid: t for oid, t in self._unreferenced_since.items() if oid in current
+        }
+        due = []
+        for o in garbage:
+            first = self._unreferenced_since.setdefault(o.object_id, now)
+            if now - first >= self.settings.gc_delay_ms / 1000:
+                due.append(o)
+        for o in due:
+            await self.store.objects.delete(o.key)
+        if due:
+            await meta.forget_objects([o.object_id for o in due])
+            self.store.forget_objects([o.object_id for o in due])
+            stats.deleted_objects += len(due)
+            for o in due:
+                self._unreferenced_since.pop(o.object_id, None)
