@@ -29,6 +29,7 @@ def build_storage(settings: Settings) -> Storage:
         flush_interval_ms=settings["wal.flush.interval.ms"],
         flush_max_bytes=settings["wal.flush.max.bytes"],
         cache_max_bytes=settings["cache.max.bytes"],
+        readahead_bytes=settings["cache.readahead.bytes"],
     )
     return Storage(
         open_object_store(settings.object_store_url),
@@ -43,6 +44,7 @@ def compaction_settings(settings: Settings) -> CompactionSettings:
         min_age_ms=settings["compaction.min.age.ms"],
         max_bytes_per_run=settings["compaction.max.bytes"],
         stream_object_max_bytes=settings["stream.object.max.bytes"],
+        chunk_max_bytes=settings["stream.chunk.max.bytes"],
         gc_delay_ms=settings["objects.gc.delay.ms"],
     )
 

@@ -170,6 +170,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("wal.flush.interval.ms", "double", "5", check=lambda v: v >= 0),
         ConfigDef("wal.flush.max.bytes", "int", str(8 * 1024 * 1024), check=_positive),
         ConfigDef("cache.max.bytes", "long", str(256 * 1024 * 1024), check=_nonneg),
+        ConfigDef("cache.readahead.bytes", "long", str(4 * 1024 * 1024), check=_nonneg),
         ConfigDef("fetch.max.wait.cap.ms", "int", "30000", check=_nonneg),
         ConfigDef("group.initial.rebalance.delay.ms", "int", "300", check=_nonneg),
         ConfigDef(
@@ -182,6 +183,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("compaction.min.age.ms", "int", "10000", "WAL objects younger stay", _nonneg),
         ConfigDef("compaction.max.bytes", "long", str(256 * 1024 * 1024), check=_positive),
         ConfigDef("stream.object.max.bytes", "long", str(64 * 1024 * 1024), check=_positive),
+        ConfigDef("stream.chunk.max.bytes", "long", str(1024 * 1024), check=_positive),
         ConfigDef(
             "objects.gc.delay.ms", "int", "30000", "unreferenced objects live this long", _nonneg
         ),

@@ -28,6 +28,7 @@ class CompactionSettings:
     min_age_ms: int = 10_000  # leave the newest WAL objects alone (tail reads hit the cache)
     max_bytes_per_run: int = 256 * 1024 * 1024
     stream_object_max_bytes: int = 64 * 1024 * 1024
+    chunk_max_bytes: int = 1024 * 1024  # index granularity inside a stream object
     gc_delay_ms: int = 30_000
 
 
@@ -90,6 +91,22 @@ def plan_compaction(
         if current:
             plans.append(StreamObjectPlan(sid, current))
     return CompactionPlan(wal, plans)
+
+
+def group_chunks(chunks: list[ChunkRow], max_bytes: int) -> list[list[ChunkRow]]:
+    """Merge consecutive chunks into groups of at most max_bytes (a chunk is never split):
+    the groups become the chunks of the stream object, so readers still fetch ranges of
+    about max_bytes instead of whole objects."""
+    groups: list[list[ChunkRow]] = []
+    size = 0
+    for c in chunks:
+        if groups and size + c.length <= max_bytes:
+            groups[-1].append(c)
+            size += c.length
+        else:
+            groups.append([c])
+            size = c.length
+    return groups
 
 
 @dataclass

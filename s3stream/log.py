@@ -83,6 +83,7 @@ class WalSettings:
     flush_interval_ms: float = 5.0
     flush_max_bytes: int = 8 * 1024 * 1024
     cache_max_bytes: int = 256 * 1024 * 1024
+    readahead_bytes: int = 4 * 1024 * 1024
     put_attempts: int = 5
 
 
@@ -373,11 +374,40 @@ class LogStore:
         total = 0
         while i < len(st.chunks) and (not out or total < max_bytes):
             c = st.chunks[i]
-            data = await self._chunk_bytes(c)
+            data = self.cache.get((c.object_id, c.position))
+            if data is None:
+                data = await self._read_ahead(st, i)
             out.append((c.base_offset, bytes(data) if isinstance(data, bytearray) else data))
             total += len(data)
             i += 1
         return out
+
+    async def _read_ahead(self, st: Stream, i: int) -> bytes | bytearray:
+        """Read chunk i with one range GET that also covers the following chunks stored right
+        after it in the same object (up to the read-ahead budget), caching all of them:
+        catch-up readers then find the next chunks in memory."""
+        first = st.chunks[i]
+        run = [first]
+        for c in st.chunks[i + 1 :]:
+            prev = run[-1]
+            if (
+                c.object_id != first.object_id
+                or c.position != prev.position + prev.length
+                or c.position + c.length - first.position > self.settings.readahead_bytes
+                or self.cache.get((c.object_id, c.position)) is not None
+            ):
+                break
+            run.append(c)
+        end = run[-1].position + run[-1].length
+        blob = await self.objects.get_range(
+            self._object_keys[first.object_id], first.position, end - first.position
+        )
+        for c in run:
+            self.cache.put(
+                (c.object_id, c.position),
+                blob[c.position - first.position : c.position - first.position + c.length],
+            )
+        return blob[: first.length]
 
     async def _chunk_bytes(self, c: Chunk) -> bytes | bytearray:
         key = (c.object_id, c.position)

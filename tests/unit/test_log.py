@@ -88,3 +88,45 @@ async def test_metadata_guard_refuses_a_second_commit_of_an_offset(tmp_path: Pat
     _topics, streams, chunks = await meta.load()
     assert streams[0].end_offset == 10 and len(chunks) == 1
     await meta.close()
+
+
+async def test_catch_up_reads_coalesce_following_chunks(tmp_path: Path) -> None:
+    from s3stream.log import Chunk
+
+    class Counting(MemoryObjectStore):
+        ranges = 0
+
+        async def get_range(self, key: str, start: int, length: int) -> bytes:
+            Counting.ranges += 1
+            return await super().get_range(key, start, length)
+
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    _t, streams = await meta.create_topic("t", 1, {})
+    store = Counting()
+    log = LogStore(store, meta, WalSettings(readahead_bytes=250))
+    await log.open(streams, [])
+    st = log.stream(streams[0].stream_id)
+    await store.put("stream/obj", b"".join(bytes([i]) * 100 for i in range(5)))
+    log._object_keys[99] = "stream/obj"
+    for i in range(5):  # five 100-byte chunks back to back in one object
+        st.add_chunk(Chunk(i * 10, i * 10 + 9, 99, i * 100, 100, 0))
+    st.end_offset = st.next_offset = 50
+    first = await log.read(st.stream_id, 0, 1)
+    assert first == [(0, bytes([0]) * 100)] and Counting.ranges == 1
+    assert await log.read(st.stream_id, 10, 1) == [(10, bytes([1]) * 100)]
+    assert Counting.ranges == 1  # chunk 1 came with chunk 0's GET (budget 250 bytes)
+    assert await log.read(st.stream_id, 25, 1) == [(20, bytes([2]) * 100)]
+    assert Counting.ranges == 2
+    everything = await log.read(st.stream_id, 0, 10_000)
+    assert [b for b, _ in everything] == [0, 10, 20, 30, 40]
+    await log.close()
+    await meta.close()
+
+
+def test_group_chunks_respects_the_size_limit() -> None:
+    from s3stream.compaction import group_chunks
+    from s3stream.metadata import ChunkRow
+
+    cs = [ChunkRow(1, i, i, 1, 0, n, 0) for i, n in enumerate([40, 40, 40, 200, 10])]
+    assert [[c.base_offset for c in g] for g in group_chunks(cs, 100)] == [[0, 1], [2], [3], [4]]
