@@ -19,6 +19,9 @@ from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store
 from s3stream.objectstore import open_object_store
+from tabletopic.catalog import open_catalog
+from tabletopic.manager import TableTopics
+from tabletopic.status import serve_status
 
 log = logging.getLogger("floe")
 
@@ -93,7 +96,15 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         ctx.port,
     )
     print(f"listening on {bound_host}:{bound_port}", flush=True)
+    tables = TableTopics(storage, open_catalog(settings.catalog_url, settings.warehouse_url))
+    status_server = None
+    if settings["metrics"]:
+        mhost, mport = split_hostport(settings["metrics"], "metrics")
+        status_server = await serve_status(mhost, mport, tables.status)
+        shost, sport = status_server.sockets[0].getsockname()[:2]
+        print(f"metrics on {shost}:{sport}", flush=True)
     background = [
+        asyncio.create_task(tables.run(), name="table-topics"),
         asyncio.create_task(
             _every(
                 settings["compaction.interval.ms"],
@@ -116,6 +127,8 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if status_server is not None:
+            status_server.close()
         await close_server(server)
         await groups.stop()
         await storage.close()

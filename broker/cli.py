@@ -18,6 +18,9 @@ BROKER_FLAGS = {  # flag -> setting key
     "object_store": "object.store",
     "metadata": "metadata",
     "log_level": "log.level",
+    "catalog": "catalog",
+    "warehouse": "warehouse",
+    "metrics": "metrics",
 }
 
 
@@ -39,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--object-store", help="object store URL (default file://<data-dir>/objects)")
     b.add_argument("--metadata", help="metadata store URL (default sqlite:///<data-dir>/meta.db)")
     b.add_argument("--log-level", help="debug | info | warning | error")
+    b.add_argument(
+        "--catalog", help="Iceberg catalog URL (default sqlite:///<data-dir>/catalog.db)"
+    )
+    b.add_argument(
+        "--warehouse", help="Iceberg warehouse URL (default file://<data-dir>/warehouse)"
+    )
+    b.add_argument("--metrics", help="HOST:PORT serving /metrics and /status (default: off)")
     b.add_argument("--config", help="TOML file of settings")
     b.add_argument(
         "--set",
@@ -52,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every setting with where it came from, then exit",
     )
+    t = sub.add_parser("table", help="table topics: freshness and errors")
+    t.add_argument("action", choices=["status"])
+    t.add_argument("--metrics", help="the broker's --metrics HOST:PORT (default FLOE_METRICS)")
+    t.add_argument("--json", action="store_true", help="machine-readable output")
     g = sub.add_parser("groups", help="consumer groups: list, or describe with lag")
     g.add_argument("action", choices=["list", "describe"])
     g.add_argument("group", nargs="?")
@@ -68,7 +82,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _broker(args)
     if args.command == "groups":
         return _groups(args)
+    if args.command == "table":
+        return _table(args)
     return 2
+
+
+def _table(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from tabletopic.status import fetch_status, render
+
+    address = args.metrics or os.environ.get("FLOE_METRICS")
+    if not address:
+        print(
+            "floe table status: give the broker's --metrics HOST:PORT (or FLOE_METRICS)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        tables = fetch_status(address)
+    except OSError as e:
+        print(f"floe table status: cannot reach {address}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(tables, indent=2) if args.json else render(tables))
+    return 0
 
 
 def _groups(args: argparse.Namespace) -> int:

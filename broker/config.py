@@ -124,17 +124,68 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("local.retention.ms", "long", "-2", check=lambda v: v >= -2),
         ConfigDef("local.retention.bytes", "long", "-2", check=lambda v: v >= -2),
         ConfigDef("remote.storage.enable", "boolean", "false"),
+        # table topics (also accepted with AutoMQ's prefix, automq.table.topic.*)
+        ConfigDef(
+            "table.topic.enable", "boolean", "false", "write the topic into an Iceberg table"
+        ),
+        ConfigDef("table.topic.namespace", "string", "default", "Iceberg namespace"),
+        ConfigDef("table.topic.name", "string", "", "table name (default: from the topic name)"),
+        ConfigDef(
+            "table.topic.commit.interval.ms",
+            "long",
+            "5000",
+            "longest time between commits",
+            lambda v: 1 <= v <= 900_000,
+        ),
+        ConfigDef(
+            "table.topic.commit.max.records",
+            "long",
+            "1000000",
+            "commit earlier once this many records are pending",
+            _positive,
+        ),
+        ConfigDef(
+            "table.topic.commit.max.bytes",
+            "long",
+            str(128 * 1024 * 1024),
+            "commit earlier once this many bytes are pending",
+            _positive,
+        ),
+        ConfigDef(
+            "table.topic.convert.value.type",
+            "string",
+            "raw",
+            "how values become columns",
+            choices=("raw", "string", "json"),
+        ),
+        ConfigDef(
+            "table.topic.errors.tolerance",
+            "string",
+            "invalid_data",
+            "none: stop the partition; invalid_data/all: bad records go to the DLQ",
+            choices=("none", "invalid_data", "all"),
+        ),
+        ConfigDef("table.topic.dlq.topic", "string", "", "dead-letter topic (default <topic>.dlq)"),
     ]
 }
+TOPIC_CONFIG_ALIASES = {"automq.table.topic.": "table.topic."}
+
+
+def canonical_topic_config(key: str) -> str:
+    for alias, prefix in TOPIC_CONFIG_ALIASES.items():
+        if key.startswith(alias):
+            return prefix + key[len(alias) :]
+    return key
 
 
 def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
     """Check keys and values like Kafka does; returns the non-null ones. Raises ConfigError."""
     out = {}
-    for key, raw in configs.items():
+    for given, raw in configs.items():
+        key = canonical_topic_config(given)
         d = TOPIC_CONFIGS.get(key)
         if d is None:
-            raise ConfigError(f"Unknown topic config name: {key}")
+            raise ConfigError(f"Unknown topic config name: {given}")
         if raw is None:
             raise ConfigError(f"Null value not supported for topic config {key}")
         d.parse(raw)
@@ -161,6 +212,19 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("node.id", "int", "0", check=_nonneg),
         ConfigDef("object.store", "string", None, "URL; default file://<data-dir>/objects"),
         ConfigDef("metadata", "string", None, "URL; default sqlite:///<data-dir>/meta.db"),
+        ConfigDef(
+            "catalog",
+            "string",
+            None,
+            "Iceberg catalog URL; default sqlite:///<data-dir>/catalog.db",
+        ),
+        ConfigDef(
+            "warehouse",
+            "string",
+            None,
+            "Iceberg warehouse URL; default file://<data-dir>/warehouse",
+        ),
+        ConfigDef("metrics", "string", "", "HOST:PORT for /metrics and /status (off if empty)"),
         ConfigDef("log.level", "string", "info", choices=("debug", "info", "warning", "error")),
         ConfigDef("auto.create.topics.enable", "boolean", "true"),
         ConfigDef("num.partitions", "int", "1", check=_positive),
@@ -224,6 +288,16 @@ class Settings:
         url = self.values["metadata"]
         return url or f"sqlite:///{self.data_dir.resolve() / 'meta.db'}"
 
+    @property
+    def catalog_url(self) -> str:
+        url = self.values["catalog"]
+        return url or f"sqlite:///{self.data_dir.resolve() / 'catalog.db'}"
+
+    @property
+    def warehouse_url(self) -> str:
+        url = self.values["warehouse"]
+        return url or (self.data_dir.resolve() / "warehouse").as_uri()
+
     def describe(self) -> list[tuple[str, str, str]]:
         """(key, value, source) for every setting."""
         return [(k, str(self.values[k]), self.sources[k]) for k in sorted(self.values)]
@@ -274,6 +348,7 @@ def load_settings(
             raise ConfigError(f"{e} (from {src})") from None
         s.sources[key] = src
     split_hostport(s.values["listen"], "listen")
-    if s.values["advertised"]:
-        split_hostport(s.values["advertised"], "advertised")
+    for key in ("advertised", "metrics"):
+        if s.values[key]:
+            split_hostport(s.values[key], key)
     return s

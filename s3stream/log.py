@@ -19,7 +19,7 @@ import bisect
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -57,6 +57,13 @@ class Stream:
     chunks: list[Chunk] = field(default_factory=list)
     bases: list[int] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # (end offset after a commit, wall-clock time of that commit), for freshness figures
+    commits: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=65536))
+
+    def commit_time(self, offset: int) -> float | None:
+        """When `offset` became durable (None if before this process or out of the window)."""
+        i = bisect.bisect_right(self.commits, offset, key=lambda e: e[0])
+        return self.commits[i][1] if i < len(self.commits) else None
 
     def add_chunk(self, c: Chunk) -> None:
         self.chunks.append(c)
@@ -84,7 +91,6 @@ class WalSettings:
     flush_max_bytes: int = 8 * 1024 * 1024
     cache_max_bytes: int = 256 * 1024 * 1024
     readahead_bytes: int = 4 * 1024 * 1024
-    put_attempts: int = 5
 
 
 class ChunkCache:
@@ -239,7 +245,7 @@ class LogStore:
         return await self._object_id()
 
     async def put_object(self, key: str, blob: bytes) -> None:
-        await self._put_with_retries(key, blob)
+        await self.objects.put(key, blob)  # retries: the object store's own layer
 
     def replace_chunks(
         self, new: list[ChunkRow], old: list[ChunkRow], keys: dict[int, str]
@@ -295,7 +301,7 @@ class LogStore:
         object_id = await self._object_id()
         key = f"wal/{object_id:016d}"
         blob, entries = walformat.encode(object_id, parts)
-        await self._put_with_retries(key, blob)
+        await self.objects.put(key, blob)  # retries: the object store's own layer
         rows = [
             ChunkRow(
                 e.stream_id,
@@ -333,6 +339,7 @@ class LogStore:
                 )
             )
             st.end_offset = row.last_offset + 1
+            st.commits.append((st.end_offset, time.time()))
             self.cache.put((object_id, row.position), data)
             self._wake_readers(st)
         for p in batch:
@@ -342,19 +349,6 @@ class LogStore:
                 p.future.set_result(p.base_offset)
             else:
                 p.future.set_exception(UnknownStreamError(p.stream.stream_id))
-
-    async def _put_with_retries(self, key: str, blob: bytes) -> None:
-        delay = 0.05
-        for attempt in range(1, self.settings.put_attempts + 1):
-            try:
-                await self.objects.put(key, blob)
-                return
-            except Exception as e:
-                if attempt == self.settings.put_attempts:
-                    raise
-                log.warning("PUT %s failed (attempt %d): %r", key, attempt, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     # -- reads -----------------------------------------------------------------------------
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:

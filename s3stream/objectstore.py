@@ -2,24 +2,55 @@
 
 Backends: `file:///dir` (or a plain path) keeps one file per object, written to a temporary
 name, fsynced and renamed so that an object is either whole or absent; `memory://` keeps
-objects in a dict (tests and the null-storage benchmark only).
+objects in a dict (tests and the null-storage benchmark only); `s3://BUCKET/PREFIX?...` keeps
+them in S3 or an S3-compatible store (see `s3stream.s3`).
+
+`open_object_store` wraps every backend in `RetryingObjectStore`, which repeats a call that
+failed with a retriable error (see `is_retriable`) with exponential backoff and jitter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol, TypeVar
 from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ObjectStoreError(Exception):
+    """A failed object store call. `retriable`: the same call may succeed if repeated."""
+
+    retriable: ClassVar[bool] = False
+
+
+class RetryableError(ObjectStoreError):
+    """A transient failure: throttling, 5xx, a timeout, a dropped connection."""
+
+    retriable: ClassVar[bool] = True
+
+
+class ObjectStoreTimeoutError(RetryableError):
     pass
 
 
 class ObjectNotFoundError(ObjectStoreError):
     pass
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether repeating the call that raised `exc` may succeed."""
+    if isinstance(exc, ObjectStoreError):
+        return exc.retriable
+    return isinstance(exc, TimeoutError | ConnectionError)
 
 
 class ObjectStore(Protocol):
@@ -138,11 +169,114 @@ class LocalDirObjectStore:
         pass
 
 
-def open_object_store(url: str) -> ObjectStore:
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: the n-th retry waits a random time in
+    [d/2, d], d = min(max_delay, base_delay * 2**(n-1)). At most `max_attempts` are made, and
+    no retry is scheduled to start later than `max_elapsed` seconds after the first attempt
+    began, so a call gives up within max_elapsed + one attempt (bounded by the backend's own
+    per-request timeout)."""
+
+    max_attempts: int = 6
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+    max_elapsed: float = 30.0
+
+    def delay(self, retry: int, rand: float) -> float:
+        d = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
+        return d / 2 + rand * d / 2
+
+
+class RetryingObjectStore:
+    """Repeats calls of `inner` that fail with a retriable error (`is_retriable`); any other
+    error, and the last error once the attempts or the time budget are spent, propagate as
+    raised. Every call of the ObjectStore interface is idempotent, so repeating is safe."""
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        policy: RetryPolicy | None = None,
+        *,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.policy = policy or RetryPolicy()
+        self._rand = rand
+        self.retries = 0  # total retries made (for tests and metrics)
+
+    async def _run(self, op: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
+        p = self.policy
+        start = time.monotonic()
+        attempt = 1
+        while True:
+            try:
+                return await call()
+            except Exception as e:
+                if not is_retriable(e):
+                    raise
+                delay = p.delay(attempt, self._rand())
+                elapsed = time.monotonic() - start
+                if attempt >= p.max_attempts or elapsed + delay > p.max_elapsed:
+                    log.error(
+                        "object store %s %r failed, giving up after %d attempts in %.1f s: %r",
+                        op,
+                        key,
+                        attempt,
+                        elapsed,
+                        e,
+                    )
+                    e.add_note(f"gave up after {attempt} attempts in {elapsed:.1f} s")
+                    raise
+                log.warning(
+                    "object store %s %r failed (attempt %d/%d), retrying in %.0f ms: %r",
+                    op,
+                    key,
+                    attempt,
+                    p.max_attempts,
+                    delay * 1000,
+                    e,
+                )
+                self.retries += 1
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await self._run("PUT", key, lambda: self.inner.put(key, data))
+
+    async def get(self, key: str) -> bytes:
+        return await self._run("GET", key, lambda: self.inner.get(key))
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        return await self._run("GET", key, lambda: self.inner.get_range(key, start, length))
+
+    async def delete(self, key: str) -> None:
+        await self._run("DELETE", key, lambda: self.inner.delete(key))
+
+    async def list(self, prefix: str) -> list[str]:
+        return await self._run("LIST", prefix, lambda: self.inner.list(prefix))
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def open_backend(url: str) -> ObjectStore:
+    """The backend for `url`, without the retry layer."""
     parsed = urlparse(url)
     if parsed.scheme in ("", "file"):
         path = Path(parsed.path if parsed.scheme else url)
         return LocalDirObjectStore(path.resolve(), url if parsed.scheme else None)
     if parsed.scheme == "memory":
         return MemoryObjectStore(url)
-    raise ValueError(f"unsupported object store URL {url!r} (use file:///DIR or memory://)")
+    if parsed.scheme == "s3":
+        from s3stream.s3 import S3ObjectStore  # boto3 is imported only when S3 is used
+
+        return S3ObjectStore.from_url(url)
+    raise ValueError(
+        f"unsupported object store URL {url!r} (use file:///DIR, memory:// or s3://BUCKET/PREFIX)"
+    )
+
+
+def open_object_store(url: str, retry: RetryPolicy | None = None) -> ObjectStore:
+    """The backend for `url` behind the retry layer."""
+    return RetryingObjectStore(open_backend(url), retry)

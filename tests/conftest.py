@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.brokerproc import BrokerProcess, running_broker
+from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from s3stream.objectstore import ObjectStore, ObjectStoreError
+from s3stream.objectstore import ObjectStore, RetryableError
 
 
 class FaultyStore:
@@ -13,6 +13,7 @@ class FaultyStore:
         self.url = inner.url
         self.fail_puts = 0  # fail this many PUTs
         self.fail_all_puts = False
+        self.error: Exception = RetryableError("injected: 503 SlowDown")  # what a failure raises
         self.stall = asyncio.Event()
         self.stall.set()  # set = not stalled
         self.puts = 0
@@ -21,7 +22,7 @@ class FaultyStore:
         await self.stall.wait()
         if self.fail_all_puts or self.fail_puts > 0:
             self.fail_puts = max(0, self.fail_puts - 1)
-            raise ObjectStoreError("injected: 503 SlowDown")
+            raise self.error
         self.puts += 1
         await self.inner.put(key, data)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef
+from broker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, canonical_topic_config
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
@@ -121,30 +121,31 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
             configs = dict(topic.configs) if incremental else {}
             for c in r.configs:
                 op = c.config_operation if incremental else SET
-                if c.name not in TOPIC_CONFIGS:
+                name = canonical_topic_config(c.name)
+                if name not in TOPIC_CONFIGS:
                     raise KafkaError(
                         ErrorCode.invalid_config, f"Unknown topic config name: {c.name}"
                     )
                 if op == SET:
                     if c.value is None:
                         raise KafkaError(ErrorCode.invalid_config, f"null value for {c.name}")
-                    configs[c.name] = c.value
+                    configs[name] = c.value
                 elif op == DELETE:
-                    configs.pop(c.name, None)
+                    configs.pop(name, None)
                 elif op in (APPEND, SUBTRACT):
-                    d = TOPIC_CONFIGS[c.name]
+                    d = TOPIC_CONFIGS[name]
                     if d.type != "list":
                         raise KafkaError(
                             ErrorCode.invalid_config,
                             f"{c.name} is not a list; cannot APPEND/SUBTRACT",
                         )
-                    current = [v for v in configs.get(c.name, d.default or "").split(",") if v]
+                    current = [v for v in configs.get(name, d.default or "").split(",") if v]
                     values = [v for v in (c.value or "").split(",") if v]
                     if op == APPEND:
                         current += [v for v in values if v not in current]
                     else:
                         current = [v for v in current if v not in values]
-                    configs[c.name] = ",".join(current)
+                    configs[name] = ",".join(current)
                 else:
                     raise KafkaError(ErrorCode.invalid_request, f"config operation {op}")
             await ctx.storage.set_topic_configs(r.resource_name, configs, req.validate_only)

@@ -102,13 +102,11 @@ def decode_request(
         raise UnsupportedVersionError(api_key, api_version, correlation_id) from e
     try:
         header, n = codec.read_header(frame, 0)
-        body, m = codec.read_body(frame, n)
+        body, _m = codec.read_body(frame, n)
     except Exception as e:  # kio raises several types for malformed input
         raise ProtocolError(f"malformed api {api_key} v{api_version} request: {e!r}") from e
-    if n + m != len(frame):
-        raise ProtocolError(
-            f"api {api_key} v{api_version}: {len(frame) - n - m} trailing bytes in request"
-        )
+    # Bytes after the body are ignored, as Apache Kafka does: librdkafka 2.16 sends a null
+    # topics array in Metadata v12 followed by three stray zero bytes.
     head = RequestHead(api_key, api_version, correlation_id, header.client_id)
     return head, body
 

@@ -20,7 +20,7 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[LogStore, FaultyStore, int]
     await meta.open()
     _topic, streams = await meta.create_topic("t", 1, {})
     store = FaultyStore(MemoryObjectStore())
-    log = LogStore(store, meta, WalSettings(flush_interval_ms=1, put_attempts=2))
+    log = LogStore(store, meta, WalSettings(flush_interval_ms=1))
     await log.open(streams, [])
     yield log, store, streams[0].stream_id
     await log.close()
@@ -68,11 +68,25 @@ async def test_failed_flush_rewinds_and_never_reuses_offsets(
     assert [c[0] for c in chunks] == [0, 2]
 
 
-async def test_transient_put_errors_are_retried(env: tuple[LogStore, FaultyStore, int]) -> None:
-    log, store, sid = env
-    store.fail_puts = 1  # one 503, then fine: retried inside the flush
-    _, fut = log.append(sid, 1, 0, data)
+async def test_transient_put_errors_are_retried(tmp_path: Path) -> None:
+    from s3stream.objectstore import RetryingObjectStore, RetryPolicy
+
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    _topic, streams = await meta.create_topic("t", 1, {})
+    faulty = FaultyStore(MemoryObjectStore())
+    faulty.fail_puts = 2  # two 503s, then fine: retried by the object store's retry layer
+    log = LogStore(
+        RetryingObjectStore(faulty, RetryPolicy(base_delay=0.01)),
+        meta,
+        WalSettings(flush_interval_ms=1),
+    )
+    await log.open(streams, [])
+    _, fut = log.append(streams[0].stream_id, 1, 0, data)
     assert await asyncio.wait_for(fut, 5) == 0
+    assert faulty.puts == 1
+    await log.close()
+    await meta.close()
 
 
 async def test_metadata_guard_refuses_a_second_commit_of_an_offset(tmp_path: Path) -> None:

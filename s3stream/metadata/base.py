@@ -1,0 +1,186 @@
+"""The store's plumbing: one thread, one connection, transactions, reconnection.
+
+Every database call runs on one dedicated thread (`_run`), so the connection is never shared
+and calls apply in the order they were made. Write transactions go through `_txn`.
+
+Connection loss (the PostgreSQL server restarted, the network dropped):
+- The store notices on the next statement, drops the connection and connects again on its
+  next call; nothing has to be restarted.
+- A call that finds its connection dead before its transaction's COMMIT changed nothing (the
+  server aborts a transaction whose client went away). If the connection had been opened by
+  an earlier call (it went stale in between, e.g. a server restart between two calls) the call
+  runs once more on a new connection; otherwise, or if that fails too, it raises
+  MetadataUnavailableError, whose `retriable` is True.
+- A connection lost during COMMIT leaves the outcome unknown: the call raises
+  CommitInDoubtError (a MetadataUnavailableError) and is never re-run by the store. Callers
+  treat it as "not done", and for the operations where a stray commit would contradict the
+  caller's state (commit_object, replace_chunks) the store makes that true: it remembers the
+  transaction id, asks the server on its next call whether it committed, and if so undoes it
+  in a new transaction before that call runs.
+
+The log layer relies on this: a commit_object that raises is a failed flush. LogStore fails
+the pending appends of those streams with StreamWriteError (a retriable error for producers)
+and rewinds them to their durable end offset. Nothing acknowledged is lost, since an append is
+acknowledged only after commit_object returned, and the undo keeps the metadata's end offset
+where the log layer rewound to, so the stream's next commit passes the offset guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from s3stream.metadata.backend import Backend, Connection
+from s3stream.metadata.model import (
+    CommitInDoubtError,
+    MetadataError,
+    MetadataUnavailableError,
+    TransactionRetryError,
+)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+TXN_ATTEMPTS = 5  # runs of a transaction the server aborted to break a deadlock
+
+
+def marks(n: int) -> str:
+    """`?,?,?` for an IN list of n values (`NULL`, matching nothing, for none)."""
+    return ",".join("?" * n) or "NULL"
+
+
+class StoreBase:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-meta")
+        self._db: Connection | None = None
+        self._opened = False
+        self._in_doubt: list[tuple[str, Callable[[], None]]] = []
+
+    @property
+    def db(self) -> Connection:
+        assert self._db is not None, "metadata store not open"
+        return self._db
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn, *args)
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn on the store's thread with a live connection (see the module docstring)."""
+        conflicts = 0
+        while True:
+            stale_possible = self._db is not None
+            try:
+                self._connection()
+                return fn(*args)
+            except CommitInDoubtError:
+                self._disconnect()
+                raise
+            except MetadataUnavailableError:
+                self._disconnect()
+                if not stale_possible:
+                    raise
+                log.info("metadata connection was lost; connecting again")
+            except TransactionRetryError:
+                conflicts += 1
+                if conflicts >= TXN_ATTEMPTS:
+                    raise
+
+    def _connection(self) -> Connection:
+        if not self._opened:
+            raise MetadataError("metadata store not open")
+        if self._db is None:
+            self._db = self.backend.connect()
+        if self._in_doubt:
+            self._resolve_in_doubt()
+        return self._db
+
+    def _disconnect(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(Exception):
+                self._db.close()
+            self._db = None
+
+    def _resolve_in_doubt(self) -> None:
+        while self._in_doubt:
+            txid, undo = self._in_doubt[0]
+            status = self.db.transaction_status(txid)
+            if status == "in progress":  # the old session is still finishing its COMMIT
+                return
+            if status == "committed":
+                log.warning("metadata transaction %s committed after all; undoing it", txid)
+                try:
+                    undo()
+                except (MetadataUnavailableError, TransactionRetryError):
+                    raise  # keep it: try again on the next call
+                except Exception:
+                    log.exception("could not undo metadata transaction %s", txid)
+            elif status is None:
+                log.warning("the outcome of metadata transaction %s is unknown", txid)
+            self._in_doubt.pop(0)
+
+    @contextlib.contextmanager
+    def _txn(
+        self, undo: Callable[[], None] | None = None, read_only: bool = False
+    ) -> Iterator[Connection]:
+        """One transaction. A write transaction takes its locks per the dialect (SQLite: the
+        database's, up front; PostgreSQL: the rows it reads with `self.for_update`).
+        `undo` reverses the transaction's effect should it commit although COMMIT failed."""
+        db = self.db
+        dialect = self.backend.dialect
+        db.execute(dialect.begin_read if read_only else dialect.begin_write)
+        try:
+            txid = db.transaction_id() if undo is not None else None
+            yield db
+        except BaseException:
+            with contextlib.suppress(Exception):
+                db.execute("ROLLBACK")
+            raise
+        try:
+            db.execute("COMMIT")
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                db.execute("ROLLBACK")  # SQLite keeps a transaction whose COMMIT was busy
+            if read_only or not isinstance(e, MetadataUnavailableError):
+                raise
+            if txid is not None and undo is not None:
+                self._in_doubt.append((txid, undo))
+            raise CommitInDoubtError(f"connection lost during COMMIT: {e}") from e
+
+    @property
+    def for_update(self) -> str:
+        return self.backend.dialect.for_update
+
+    def _lock_streams(self, db: Connection, stream_ids: Iterable[int]) -> dict[int, int]:
+        """Lock the live streams among stream_ids until COMMIT and return their end offsets.
+        Always in id order, so two transactions locking several streams cannot deadlock."""
+        ids = sorted(set(stream_ids))
+        return dict(db.execute(
+            "SELECT stream_id, end_offset FROM streams WHERE deleted=0 AND stream_id IN"
+            f" ({marks(len(ids))}) ORDER BY stream_id{self.for_update}", ids).fetchall())
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _create_schema(self, new_cluster_id: str) -> None:
+        with self._txn() as db:
+            if self.backend.dialect.schema_lock:
+                db.execute(self.backend.dialect.schema_lock)
+            for statement in self.backend.dialect.schema():
+                db.execute(statement)
+            db.execute("INSERT INTO meta(key, value) VALUES ('cluster_id', ?)"
+                       " ON CONFLICT DO NOTHING", (new_cluster_id,))
+            db.execute("INSERT INTO meta(key, value) VALUES ('next_object_id', '1')"
+                       " ON CONFLICT DO NOTHING")
+
+    async def open(self) -> None:
+        self._opened = True
+        await self._run(self._create_schema, uuid.uuid4().hex[:22])
+
+    async def close(self) -> None:
+        self._opened = False
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._disconnect)
+        self._pool.shutdown(wait=True)

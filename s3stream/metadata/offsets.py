@@ -1,0 +1,50 @@
+"""Committed consumer-group offsets (the SQL half of the group coordinator)."""
+
+from __future__ import annotations
+
+from s3stream.metadata.base import StoreBase
+from s3stream.metadata.model import OffsetRow
+
+
+class GroupOffsetsMixin(StoreBase):
+    def _load_offsets(self) -> list[OffsetRow]:
+        return [OffsetRow(*r) for r in self.db.execute(
+            "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata,"
+            " commit_ms FROM group_offsets")]
+
+    async def load_offsets(self) -> list[OffsetRow]:
+        return await self._run(self._load_offsets)
+
+    def _commit_offsets(self, rows: list[OffsetRow]) -> None:
+        with self._txn() as db:
+            db.executemany(
+                "INSERT INTO group_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
+                " (group_id, topic, partition) DO UPDATE SET"
+                " committed_offset=excluded.committed_offset,"
+                " leader_epoch=excluded.leader_epoch, metadata=excluded.metadata,"
+                " commit_ms=excluded.commit_ms",
+                [(r.group_id, r.topic, r.partition, r.committed_offset, r.leader_epoch,
+                  r.metadata, r.commit_ms) for r in rows])
+
+    async def commit_offsets(self, rows: list[OffsetRow]) -> None:
+        """Store committed offsets durably, all or none."""
+        await self._run(self._commit_offsets, rows)
+
+    def _delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        with self._txn() as db:
+            if keys is None:
+                db.execute("DELETE FROM group_offsets WHERE group_id=?", (group_id,))
+            else:
+                db.executemany(
+                    "DELETE FROM group_offsets WHERE group_id=? AND topic=? AND partition=?",
+                    [(group_id, t, p) for t, p in keys])
+
+    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        """Delete some (or, with None, all) of a group's committed offsets."""
+        await self._run(self._delete_offsets, group_id, keys)
+
+    def _delete_topic_offsets(self, topic: str) -> None:
+        self.db.execute("DELETE FROM group_offsets WHERE topic=?", (topic,))
+
+    async def delete_topic_offsets(self, topic: str) -> None:
+        await self._run(self._delete_topic_offsets, topic)

@@ -1,0 +1,68 @@
+"""Runs a TableWriter for every topic with `table.topic.enable=true` (started and stopped as
+topics are created, altered and deleted)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+
+from broker.storage import Storage
+from tabletopic.config import TableTopicConfig
+from tabletopic.writer import TableWriter
+
+log = logging.getLogger(__name__)
+
+
+class TableTopics:
+    def __init__(self, storage: Storage, catalog: Catalog, poll_s: float = 0.5) -> None:
+        self.storage = storage
+        self.catalog = catalog
+        self.poll_s = poll_s
+        self.writers: dict[str, tuple[TableWriter, asyncio.Task[None]]] = {}
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._sync()
+                await asyncio.sleep(self.poll_s)
+        finally:
+            for name in list(self.writers):
+                await self._stop(name)
+
+    async def _sync(self) -> None:
+        wanted = set()
+        for name, topic in self.storage.topics.items():
+            try:
+                if TableTopicConfig.of(name, topic.configs).enabled:
+                    wanted.add(name)
+            except Exception:
+                log.exception("table topic config of %s", name)
+        for name in wanted - set(self.writers):
+            writer = TableWriter(name, self.storage, self.catalog)
+            task = asyncio.create_task(writer.run(), name=f"table-topic {name}")
+            self.writers[name] = (writer, task)
+        for name in set(self.writers) - wanted:
+            await self._stop(name)
+        for name, (_w, task) in list(self.writers.items()):
+            if task.done() and name in wanted and not task.cancelled():
+                exc = task.exception()
+                if exc is not None:
+                    log.error("table topic %s writer failed: %r; restarting", name, exc)
+                del self.writers[name]
+
+    async def _stop(self, name: str) -> None:
+        entry = self.writers.pop(name, None)
+        if entry is None:
+            return
+        writer, task = entry
+        writer.stop()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    def status(self) -> list[dict[str, Any]]:
+        return [w.status() for w, _t in self.writers.values()]

@@ -1,0 +1,308 @@
+"""One table topic's writer: follows every partition's committed log, converts records to
+Arrow, and commits them to the Iceberg table, exactly once.
+
+Exactly once: the table records, in a table property and in each snapshot's summary
+(`floe.offsets`), the next offset of every partition it holds. A commit is made only if the
+table's offsets are still the ones this writer started from (checked against a freshly loaded
+table, and guarded by the catalog's compare-and-swap); after a crash or restart the writer
+resumes from the table's offsets. Rows and dead letters of a commit come from exactly the
+offsets between the old and the new `floe.offsets`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.table import Table
+
+from broker.errors import KafkaError
+from broker.protocol import records
+from broker.protocol.recordcodec import Record, decode_records
+from broker.storage import Storage
+from tabletopic.config import TableTopicConfig
+from tabletopic.convert import Converter, Invalid
+from tabletopic.dlq import DeadLetters
+
+log = logging.getLogger(__name__)
+OFFSETS = "floe.offsets"
+READ_BYTES = 4 << 20
+MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while commits cannot go through
+
+
+class StaleOffsets(Exception):
+    """The table moved (another writer committed): start again from the table's offsets."""
+
+
+@dataclass
+class PartitionState:
+    partition: int
+    committed: int  # the table holds every offset below this
+    read_next: int  # next offset to read from the log
+    tables: list[pa.Table] = field(default_factory=list)
+    dead: list[Invalid] = field(default_factory=list)
+    records: int = 0
+    bytes: int = 0
+    stopped: str | None = None  # errors.tolerance=none: why this partition stopped
+
+
+def table_offsets(table: Table) -> dict[int, int]:
+    raw = table.properties.get(OFFSETS)
+    return {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
+
+
+class TableWriter:
+    def __init__(self, topic: str, storage: Storage, catalog: Catalog) -> None:
+        self.topic = topic
+        self.storage = storage
+        self.catalog = catalog
+        self.parts: dict[int, PartitionState] = {}
+        self.converter: Converter | None = None
+        self.dlq: DeadLetters | None = None
+        self.last_commit: float | None = None
+        self.last_error: str | None = None
+        self.commits = 0
+        self.rows = 0
+        self._next_commit = 0.0
+        self._stop = asyncio.Event()
+
+    @property
+    def config(self) -> TableTopicConfig:
+        return TableTopicConfig.of(self.topic, self.storage.topic(self.topic).configs)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if self.converter is None:
+                    await self._start()
+                progressed = await self._read()
+                if self._commit_due():
+                    await self._commit()
+                elif not progressed:
+                    await self._wait()
+                backoff = 0.2
+                self.last_error = None if self.converter is not None else self.last_error
+            except StaleOffsets as e:
+                log.warning(
+                    "table topic %s: %s; restarting from the table's offsets", self.topic, e
+                )
+                self.converter = None
+            except KafkaError as e:
+                if e.code.name == "unknown_topic_or_partition":
+                    return  # the topic is gone
+                raise
+            except Exception as e:  # catalog or warehouse down, ...: keep everything, retry
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning(
+                    "table topic %s: %s (retrying in %.1fs)", self.topic, self.last_error, backoff
+                )
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    # -- start: the table and where it stands -----------------------------------------------
+    async def _start(self) -> None:
+        cfg = self.config
+        table = await asyncio.to_thread(self._load_or_create, cfg)
+        offsets = table_offsets(table)
+        self.converter = Converter(cfg.value_type, table.schema().as_arrow())
+        self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
+        self.parts = {}
+        for p in range(len(self.storage.topic(self.topic).streams)):
+            start, _end = self.storage.offsets(self.topic, p)
+            committed = offsets.get(p, start)
+            self.parts[p] = PartitionState(p, committed, max(committed, start))
+        self._next_commit = time.monotonic() + cfg.commit_interval_s
+        log.info(
+            "table topic %s -> %s.%s from offsets %s",
+            self.topic,
+            cfg.namespace,
+            cfg.table,
+            {p: s.read_next for p, s in self.parts.items()},
+        )
+
+    def _load_or_create(self, cfg: TableTopicConfig) -> Table:
+        self.catalog.create_namespace_if_not_exists(cfg.namespace)
+        try:
+            return self.catalog.load_table(cfg.identifier)
+        except NoSuchTableError:
+            schema = Converter(cfg.value_type).schema()
+            return self.catalog.create_table_if_not_exists(
+                cfg.identifier,
+                schema=schema,
+                properties={"floe.topic": self.topic, "format-version": "2"},
+            )
+
+    # -- reading and converting -------------------------------------------------------------
+    async def _read(self) -> bool:
+        assert self.converter is not None
+        cfg = self.config
+        progressed = False
+        for st in self.parts.values():
+            if st.stopped or sum(s.bytes for s in self.parts.values()) > MAX_PENDING_BYTES:
+                continue
+            _start, end = self.storage.offsets(self.topic, st.partition)
+            if st.read_next >= end:
+                continue
+            data = await self.storage.read(
+                self.topic, st.partition, st.read_next, READ_BYTES, must_return_one=True
+            )
+            recs: list[Record] = []
+            for h in records.iter_headers(data):
+                recs += [r for r in decode_records(data, h) if r.offset >= st.read_next]
+                last = h.next_offset
+            if not data:
+                continue
+            table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
+            if dead and cfg.tolerance == "none":
+                first = dead[0].record.offset
+                keep = [r for r in recs if r.offset < first]
+                table, _ = await asyncio.to_thread(self.converter.convert, st.partition, keep)
+                st.stopped = f"offset {first}: {dead[0].reason} (errors.tolerance=none)"
+                last = first
+                dead = []
+            if table is not None:
+                st.tables.append(table)
+                st.records += table.num_rows
+                st.bytes += table.nbytes
+            st.dead += dead
+            st.read_next = last
+            progressed = True
+        return progressed
+
+    def _commit_due(self) -> bool:
+        cfg = self.config
+        pending = [s for s in self.parts.values() if s.read_next > s.committed]
+        if not pending:
+            self._next_commit = time.monotonic() + cfg.commit_interval_s
+            return False
+        return (
+            time.monotonic() >= self._next_commit
+            or sum(s.records for s in pending) >= cfg.commit_max_records
+            or sum(s.bytes for s in pending) >= cfg.commit_max_bytes
+        )
+
+    async def _wait(self) -> None:
+        timeout = max(0.01, min(0.5, self._next_commit - time.monotonic()))
+        keys = [(self.topic, p) for p, s in self.parts.items() if not s.stopped]
+        await self.storage.wait_for_data(keys, timeout)
+
+    # -- committing ------------------------------------------------------------------------
+    async def _commit(self) -> None:
+        assert self.dlq is not None
+        parts = [s for s in self.parts.values() if s.read_next > s.committed]
+        for s in parts:  # dead letters first: durable before the offsets move past them
+            if s.dead:
+                await self.dlq.write(s.partition, s.dead)
+        tables = [t for s in parts for t in s.tables]
+        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
+        start = {s.partition: s.committed for s in parts}
+        new = {s.partition: s.read_next for s in parts}
+        await asyncio.to_thread(self._commit_sync, data, start, new)
+        for s in parts:
+            s.committed = s.read_next
+            s.tables, s.dead, s.records, s.bytes = [], [], 0, 0
+        self.commits += 1
+        self.rows += 0 if data is None else data.num_rows
+        self.last_commit = time.time()
+        self._next_commit = time.monotonic() + self.config.commit_interval_s
+
+    def _commit_sync(
+        self, data: pa.Table | None, start: dict[int, int], new: dict[int, int]
+    ) -> None:
+        cfg = self.config
+        for _attempt in range(10):
+            table = self.catalog.load_table(cfg.identifier)
+            current = table_offsets(table)
+            if all(current.get(p) == o for p, o in new.items()):
+                return  # an earlier attempt went through (its answer was lost)
+            for p, o in start.items():
+                if current.get(p, o) != o:  # a partition new to the table starts anywhere
+                    raise StaleOffsets(f"partition {p}: table at {current.get(p)}, expected {o}")
+            offsets = json.dumps({str(k): v for k, v in sorted({**current, **new}.items())})
+            tx = table.transaction()
+            if data is not None:
+                if not _covers(table, data.schema):
+                    with tx.update_schema() as update:
+                        update.union_by_name(data.schema)
+                tx.append(
+                    data,
+                    snapshot_properties={
+                        OFFSETS: offsets,
+                        "floe.topic": self.topic,
+                        "floe.commit-id": str(uuid.uuid4()),
+                    },
+                )
+            tx.set_properties({OFFSETS: offsets})
+            try:
+                tx.commit_transaction()
+                return
+            except CommitFailedException as e:  # a concurrent commit (e.g. compaction): again
+                log.info("table topic %s: commit conflict (%s); retrying", self.topic, e)
+        raise CommitFailedException("too many concurrent commits")
+
+    # -- status ----------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        cfg = self.config
+        now = time.time()
+        parts = []
+        for p, s in sorted(self.parts.items()):
+            try:
+                _start, end = self.storage.offsets(self.topic, p)
+                st = self.storage.log.stream(self.storage.stream_id(self.topic, p))
+            except KafkaError:
+                continue
+            acked = st.commit_time(s.committed) if s.committed < end else None
+            parts.append(
+                {
+                    "partition": p,
+                    "log_end_offset": end,
+                    "committed_offset": s.committed,
+                    "lag_records": end - s.committed,
+                    "lag_seconds": round(now - acked, 3) if acked is not None else 0.0,
+                    "pending_records": s.records,
+                    "dead_letters_pending": len(s.dead),
+                    "stopped": s.stopped,
+                }
+            )
+        return {
+            "topic": self.topic,
+            "table": f"{cfg.namespace}.{cfg.table}",
+            "value_type": cfg.value_type,
+            "commits": self.commits,
+            "rows": self.rows,
+            "dead_letters": self.dlq.count if self.dlq else 0,
+            "dlq_topic": cfg.dlq_topic,
+            "last_commit": self.last_commit,
+            "last_error": self.last_error,
+            "partitions": parts,
+        }
+
+
+def _covers(table: Table, schema: pa.Schema) -> bool:
+    """Does the table's schema already hold every column (and nested field) of `schema`?"""
+    from tabletopic.convert import plain
+
+    have = {f.name: plain(f.type) for f in table.schema().as_arrow()}
+    for f in schema:
+        if f.name not in have:
+            return False
+        if plain(f.type) != have[f.name] and f.name != "_kafka":
+            return False
+    return True
