@@ -96,7 +96,11 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         ctx.port,
     )
     print(f"listening on {bound_host}:{bound_port}", flush=True)
-    tables = TableTopics(storage, open_catalog(settings.catalog_url, settings.warehouse_url))
+    tables = TableTopics(
+        storage,
+        open_catalog(settings.catalog_url, settings.warehouse_url),
+        orphan_min_age_s=settings["table.orphan.min.age.ms"] / 1000,
+    )
     status_server = None
     if settings["metrics"]:
         mhost, mport = split_hostport(settings["metrics"], "metrics")

@@ -252,6 +252,13 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
             "objects.gc.delay.ms", "int", "30000", "unreferenced objects live this long", _nonneg
         ),
         ConfigDef("log.retention.check.interval.ms", "int", "60000", check=_positive),
+        ConfigDef(
+            "table.orphan.min.age.ms",
+            "long",
+            "900000",
+            "unreferenced table data files older than this are deleted",
+            _nonneg,
+        ),
         ConfigDef("group.min.session.timeout.ms", "int", "6000", check=_positive),
         ConfigDef("group.max.session.timeout.ms", "int", "1800000", check=_positive),
     ]

@@ -18,8 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class TableTopics:
-    def __init__(self, storage: Storage, catalog: Catalog, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        catalog: Catalog,
+        poll_s: float = 0.5,
+        orphan_min_age_s: float = 900.0,
+    ) -> None:
         self.storage = storage
+        self.orphan_min_age_s = orphan_min_age_s
         self.catalog = catalog
         self.poll_s = poll_s
         self.writers: dict[str, tuple[TableWriter, asyncio.Task[None]]] = {}
@@ -42,7 +49,7 @@ class TableTopics:
             except Exception:
                 log.exception("table topic config of %s", name)
         for name in wanted - set(self.writers):
-            writer = TableWriter(name, self.storage, self.catalog)
+            writer = TableWriter(name, self.storage, self.catalog, self.orphan_min_age_s)
             task = asyncio.create_task(writer.run(), name=f"table-topic {name}")
             self.writers[name] = (writer, task)
         for name in set(self.writers) - wanted:

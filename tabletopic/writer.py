@@ -32,6 +32,7 @@ from broker.storage import Storage
 from tabletopic.config import TableTopicConfig
 from tabletopic.convert import Converter, Invalid
 from tabletopic.dlq import DeadLetters
+from tabletopic.orphans import remove_orphan_files
 
 log = logging.getLogger(__name__)
 OFFSETS = "floe.offsets"
@@ -61,8 +62,12 @@ def table_offsets(table: Table) -> dict[int, int]:
 
 
 class TableWriter:
-    def __init__(self, topic: str, storage: Storage, catalog: Catalog) -> None:
+    def __init__(
+        self, topic: str, storage: Storage, catalog: Catalog, orphan_min_age_s: float = 900.0
+    ) -> None:
         self.topic = topic
+        self.orphan_min_age_s = orphan_min_age_s
+        self._next_orphan_check = 0.0
         self.storage = storage
         self.catalog = catalog
         self.parts: dict[int, PartitionState] = {}
@@ -89,6 +94,8 @@ class TableWriter:
                 if self.converter is None:
                     await self._start()
                 progressed = await self._read()
+                if time.monotonic() >= self._next_orphan_check:
+                    await self._clean_orphans()
                 if self._commit_due():
                     await self._commit()
                 elif not progressed:
@@ -148,6 +155,13 @@ class TableWriter:
                 schema=schema,
                 properties={"floe.topic": self.topic, "format-version": "2"},
             )
+
+    async def _clean_orphans(self) -> None:
+        """Data files of commits that never happened (a crash, a lost race) go after the
+        safety age; checked at start and then every few minutes."""
+        self._next_orphan_check = time.monotonic() + max(60.0, self.orphan_min_age_s / 4)
+        table = await asyncio.to_thread(self.catalog.load_table, self.config.identifier)
+        await asyncio.to_thread(remove_orphan_files, table, self.orphan_min_age_s)
 
     # -- reading and converting -------------------------------------------------------------
     async def _read(self) -> bool:
