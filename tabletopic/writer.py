@@ -101,7 +101,6 @@ class TableWriter:
                 elif not progressed:
                     await self._wait()
                 backoff = 0.2
-                self.last_error = None if self.converter is not None else self.last_error
             except StaleOffsets as e:
                 log.warning(
                     "table topic %s: %s; restarting from the table's offsets", self.topic, e
@@ -168,6 +167,9 @@ class TableWriter:
         assert self.converter is not None
         cfg = self.config
         progressed = False
+        for p in range(len(self.parts), len(self.storage.topic(self.topic).streams)):
+            start, _end = self.storage.offsets(self.topic, p)  # a partition added since
+            self.parts[p] = PartitionState(p, start, start)
         for st in self.parts.values():
             if st.stopped or sum(s.bytes for s in self.parts.values()) > MAX_PENDING_BYTES:
                 continue
@@ -235,6 +237,7 @@ class TableWriter:
         self.commits += 1
         self.rows += 0 if data is None else data.num_rows
         self.last_commit = time.time()
+        self.last_error = None
         self._next_commit = time.monotonic() + self.config.commit_interval_s
 
     def _commit_sync(

@@ -21,6 +21,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewPartitions,
     NewTopic,
 )
 from pyiceberg.catalog.sql import SqlCatalog
@@ -194,6 +195,12 @@ def test_enable_later_backfills_and_alias_keys_work(tmp_path: Path) -> None:
         rows = wait_rows(tmp_path / "data", "legacy", 500, 20)
         assert set(keys_of(rows)) == set(acked)
         assert {r["value"] for r in rows} == set(acked.values())
+        # a partition added later is followed too
+        admin.create_partitions([NewPartitions("legacy", 3)])["legacy"].result(10)
+        time.sleep(1)  # let the producer's metadata see the third partition
+        acked.update(produce_json(broker.bootstrap, "legacy", [doc(i) for i in range(30)], 3))
+        rows = wait_rows(tmp_path / "data", "legacy", 530, 20)
+        assert set(keys_of(rows)) == set(acked) and max(keys_of(rows).values()) == 1
     finally:
         broker.stop()
 
