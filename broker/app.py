@@ -17,7 +17,7 @@ from broker.retention import apply_retention
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
-from s3stream.metadata import open_metadata_store
+from s3stream.metadata import open_metadata_store, redact_url
 from s3stream.objectstore import open_object_store
 from tabletopic.catalog import open_catalog
 from tabletopic.manager import TableTopics
@@ -90,7 +90,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         "floe broker %d: objects %s, metadata %s, cluster %s, advertised %s:%d",
         ctx.node_id,
         settings.object_store_url,
-        settings.metadata_url,
+        redact_url(settings.metadata_url),
         storage.cluster_id,
         ctx.host,
         ctx.port,

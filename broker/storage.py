@@ -126,6 +126,8 @@ class Storage:
             try:
                 row, streams = await self.meta.create_topic(name, partitions, valid)
             except MetadataError as e:
+                if e.retriable:  # the metadata database is unreachable: try again later
+                    raise KafkaError(ErrorCode.request_timed_out, str(e)) from None
                 raise KafkaError(ErrorCode.topic_already_exists, str(e)) from None
             t = self._add_topic(row)
             for s in streams:

@@ -7,7 +7,8 @@ Connection loss (the PostgreSQL server restarted, the network dropped):
 - The store notices on the next statement, drops the connection and connects again on its
   next call; nothing has to be restarted.
 - A call that finds its connection dead before its transaction's COMMIT changed nothing (the
-  server aborts a transaction whose client went away). If the connection had been opened by
+  server aborts a transaction whose client went away; the few writes that are one statement
+  outside a transaction are idempotent). If the connection had been opened by
   an earlier call (it went stale in between, e.g. a server restart between two calls) the call
   runs once more on a new connection; otherwise, or if that fails too, it raises
   MetadataUnavailableError, whose `retriable` is True.
@@ -16,7 +17,8 @@ Connection loss (the PostgreSQL server restarted, the network dropped):
   treat it as "not done", and for the operations where a stray commit would contradict the
   caller's state (commit_object, replace_chunks) the store makes that true: it remembers the
   transaction id, asks the server on its next call whether it committed, and if so undoes it
-  in a new transaction before that call runs.
+  in a new transaction before that call runs (should the old session still be committing,
+  its row locks make later commits wait, and the question is asked again on the next call).
 
 The log layer relies on this: a commit_object that raises is a failed flush. LogStore fails
 the pending appends of those streams with StreamWriteError (a retriable error for producers)
@@ -180,7 +182,10 @@ class StoreBase:
         self._opened = True
         await self._run(self._create_schema, uuid.uuid4().hex[:22])
 
-    async def close(self) -> None:
+    def _close(self) -> None:
         self._opened = False
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._disconnect)
+        self._disconnect()
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._close)
         self._pool.shutdown(wait=True)
