@@ -45,9 +45,12 @@ class S3FaultProxy:
             if self._server is not None:
                 self._server.close()
             self._drop()
-            for t in asyncio.all_tasks():
-                if t is not asyncio.current_task():
-                    t.cancel()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # let their finally blocks run
+            if self._server is not None:
+                await self._server.wait_closed()
 
         asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
