@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from broker.config import BROKER_CONFIGS, ConfigError, env_name, load_settings
+from broker.topics_cli import add_parser as add_topics_parser
+from broker.topics_cli import run as run_topics
 
 BROKER_FLAGS = {  # flag -> setting key
     "listen": "listen",
@@ -62,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every setting with where it came from, then exit",
     )
+    add_topics_parser(sub)
     t = sub.add_parser("table", help="table topics: freshness and errors")
     t.add_argument("action", choices=["status"])
     t.add_argument("--metrics", help="the broker's --metrics HOST:PORT (default FLOE_METRICS)")
@@ -84,6 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _groups(args)
     if args.command == "table":
         return _table(args)
+    if args.command == "topics":
+        import os
+
+        return run_topics(
+            args, args.bootstrap or os.environ.get("FLOE_BOOTSTRAP", "127.0.0.1:9092")
+        )
     return 2
 
 
