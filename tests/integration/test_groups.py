@@ -178,3 +178,34 @@ def test_floe_groups_describe_shows_lag(broker: BrokerProcess) -> None:
         assert "LAG" in text and "lagged" in text
     finally:
         c.close()
+
+
+def test_group_admin_list_describe_alter_delete(broker: BrokerProcess) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("admin-t", 2, 1)])["admin-t"].result(10)
+    produce(broker.bootstrap, "admin-t", 0, 20, 2)
+    req = ConsumerGroupTopicPartitions("offline", [TopicPartition("admin-t", 0, 7),
+                                                   TopicPartition("admin-t", 1, 9)])
+    admin.alter_consumer_group_offsets([req])["offline"].result(10)
+    got = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions("offline")])["offline"].result(10)
+    assert sorted((tp.partition, tp.offset) for tp in got.topic_partitions) == [(0, 7), (1, 9)]
+    listed = admin.list_consumer_groups().result(10)
+    assert "offline" in {g.group_id for g in listed.valid}
+    desc = admin.describe_consumer_groups(["offline"])["offline"].result(10)
+    assert str(desc.state).endswith("EMPTY") and not desc.members
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "busy",
+                  "session.timeout.ms": 6000, "auto.offset.reset": "earliest"})
+    try:
+        c.subscribe(["admin-t"])
+        wait_for(lambda: c.poll(0.2) is not None and len(c.assignment()) == 2, 20, "assignment")
+        with pytest.raises(Exception, match="NON_EMPTY_GROUP"):
+            admin.delete_consumer_groups(["busy"])["busy"].result(10)
+    finally:
+        c.close()
+    admin.delete_consumer_groups(["offline"])["offline"].result(10)
+    after = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions("offline")])["offline"].result(10)
+    assert all(tp.offset < 0 for tp in after.topic_partitions)
