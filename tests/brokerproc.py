@@ -56,6 +56,7 @@ class BrokerProcess:
             *self.extra_args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        env = {k: v for k, v in env.items() if not (v == "" and k in self.env)}  # "" unsets
         self.output = []
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env

@@ -1,19 +1,46 @@
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
 from tests.brokerproc import BrokerProcess, running_broker
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
+from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
+
+_buckets = itertools.count()
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A fresh single-node broker process on 127.0.0.1 with its own data directory."""
-    with running_broker(tmp_path / "floe-data") as b:
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """One moto S3 server (the real S3 HTTP API) for the whole session; tests use own buckets."""
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(params=["file", "s3"])
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A fresh single-node broker process on 127.0.0.1 with its own data directory, once with
+    the local object store and once on S3 (moto's server): every broker behaviour test runs
+    against both backends."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if request.param == "s3":
+        endpoint = request.getfixturevalue("s3_server")
+        bucket = f"floe-test-{next(_buckets)}"
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket=bucket)
+        client.close()
+        args = ["--object-store", f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"]
+        env = dict(TEST_AWS_ENV)
+        for k in UNSET_AWS_ENV:
+            env[k] = ""  # BrokerProcess removes variables given as ""
+    with running_broker(tmp_path / "floe-data", *args, **env) as b:
         yield b
 
 
