@@ -10,8 +10,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.brokerproc import BrokerProcess
-from tests.integration.test_crash_durability import consume_all
 from tests.integration.test_groups import produce, wait_for
+from tests.kafkaread import consume_all
 
 pytestmark = pytest.mark.integration
 

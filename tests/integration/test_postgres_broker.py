@@ -9,41 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.brokerproc import BrokerProcess
+from tests.kafkaread import consume_all
 from tests.pg import PgCluster
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
-
-
-def consume_all(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "pg-check",
-                  "enable.auto.commit": False, "enable.partition.eof": True})
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        got: dict[tuple[int, int], bytes] = {}
-        eof: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(eof) < PARTITIONS and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            err = m.error()
-            if err is not None:
-                assert err.code() == KafkaError._PARTITION_EOF, err
-                eof.add(m.partition())
-                continue
-            key = (m.partition(), m.offset())
-            assert key not in got, f"offset {key} delivered twice"
-            got[key] = m.value()
-        assert len(eof) == PARTITIONS, "did not reach the end of every partition"
-        return got
-    finally:
-        c.close()
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
@@ -86,7 +61,7 @@ def test_sigkill_and_restart_keep_every_acknowledged_record(tmp_path: Path, pg_u
         assert not (tmp_path / "data" / "meta.db").exists(), "metadata went to SQLite"
 
         broker.start()  # same objects directory, same database
-        stored = consume_all(broker.bootstrap, "pgdurable")
+        stored = consume_all(broker.bootstrap, "pgdurable", PARTITIONS)
         missing = [k for k in acked_before_kill if k not in stored]
         assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
         assert all(stored[k] == v for k, v in acked_before_kill.items())
@@ -100,7 +75,7 @@ def test_sigkill_and_restart_keep_every_acknowledged_record(tmp_path: Path, pg_u
                            (m.partition(), m.offset()), m.value()) if e is None else None)
         assert p2.flush(15) == 0 and len(after) == 30
         assert not set(after) & set(stored), "an offset was handed out twice"
-        final = consume_all(broker.bootstrap, "pgdurable")
+        final = consume_all(broker.bootstrap, "pgdurable", PARTITIONS)
         assert final == {**stored, **after}
     finally:
         broker.stop()
@@ -147,7 +122,7 @@ def test_postgres_restart_while_producing_costs_retries_not_records(
         assert producer.flush(60) == 0
         assert not errors, errors[:3]
         assert len(acked) == sent
-        stored = consume_all(broker.bootstrap, "pgrestart")
+        stored = consume_all(broker.bootstrap, "pgrestart", PARTITIONS)
         assert stored == acked, "the log differs from what was acknowledged"
         assert_dense(stored)
         assert sorted(stored.values()) == sorted(acked.values())  # each value exactly once

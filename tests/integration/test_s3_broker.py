@@ -11,10 +11,11 @@ from pathlib import Path
 
 import boto3
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.brokerproc import BrokerProcess
+from tests.kafkaread import consume_all
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, bucket_listing, moto_s3
 
 pytestmark = pytest.mark.integration
@@ -35,38 +36,6 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         c.create_bucket(Bucket=BUCKET)
         c.close()
         yield endpoint
-
-
-def consume_all(bootstrap: str) -> dict[tuple[int, int], bytes]:
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "s3-check",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        c.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
-        got: dict[tuple[int, int], bytes] = {}
-        eof: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(eof) < PARTITIONS and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            err = m.error()
-            if err is not None:
-                assert err.code() == KafkaError._PARTITION_EOF, err
-                eof.add(m.partition())
-                continue
-            key = (m.partition(), m.offset())
-            assert key not in got, f"offset {key} delivered twice"
-            got[key] = m.value()
-        assert len(eof) == PARTITIONS, "did not reach the end of every partition"
-        return got
-    finally:
-        c.close()
 
 
 def test_acked_records_survive_on_s3_with_a_new_data_dir(tmp_path: Path, s3_endpoint: str) -> None:
@@ -121,7 +90,7 @@ def test_acked_records_survive_on_s3_with_a_new_data_dir(tmp_path: Path, s3_endp
     # a new process, an empty new data directory: only the bucket and the metadata remain
     second = BrokerProcess(data_dir=tmp_path / "data-2", extra_args=args).start()
     try:
-        stored = consume_all(second.bootstrap)
+        stored = consume_all(second.bootstrap, TOPIC, PARTITIONS)
         missing = [k for k in acked_before_kill if k not in stored]
         assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
         wrong = [k for k, v in acked_before_kill.items() if stored[k] != v]
@@ -144,7 +113,7 @@ def test_acked_records_survive_on_s3_with_a_new_data_dir(tmp_path: Path, s3_endp
             )
         assert p2.flush(15) == 0
         assert len(after) == 30 and not set(after) & set(stored)
-        final = consume_all(second.bootstrap)
+        final = consume_all(second.bootstrap, TOPIC, PARTITIONS)
         assert all(final[k] == v for k, v in {**acked_before_kill, **after}.items())
     finally:
         second.stop()

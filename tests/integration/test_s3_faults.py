@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.brokerproc import BrokerProcess
 from tests.faultproxy import S3FaultProxy
-from tests.integration.test_crash_durability import consume_all
+from tests.kafkaread import consume_all
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, bucket_listing, moto_s3
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
 from pyiceberg.catalog.sql import SqlCatalog
 
 from tests.brokerproc import BrokerProcess
-from tests.integration.test_crash_durability import consume_all
+from tests.kafkaread import consume_all
 
 pytestmark = pytest.mark.integration
 
