@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import threading
+
+from tests.threadedserver import ThreadedServer
 
 ERROR_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
@@ -21,41 +21,25 @@ ERROR_BODY = (
 )
 
 
-class S3FaultProxy:
+class S3FaultProxy(ThreadedServer):
     def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__()
         self.upstream = upstream
         self.mode = "pass"
         self.status = (503, "SlowDown")
         self.requests_failed = 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
     def __enter__(self) -> S3FaultProxy:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        self.start_server()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            self._drop()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)  # let their finally blocks run
-            if self._server is not None:
-                await self._server.wait_closed()
+        self.stop_server()
 
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+    def _on_stop(self) -> None:
+        self._drop()
 
     def set_mode(self, mode: str, status: tuple[int, str] = (503, "SlowDown")) -> None:
         def switch() -> None:
@@ -68,9 +52,6 @@ class S3FaultProxy:
         for w in list(self._conns):
             w.transport.abort()
         self._conns.clear()
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, sock=self.sock)
 
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         self._conns.add(cw)

@@ -9,47 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import struct
-import threading
 from collections.abc import Callable
 
+from tests.threadedserver import ThreadedServer
 
-class LossyProxy:
+
+class LossyProxy(ThreadedServer):
     def __init__(self, upstream: tuple[str, int], drop: Callable[[int], bool]) -> None:
+        super().__init__()
         self.upstream = upstream
         self.drop = drop
         self.dropped = 0
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
 
     def start(self) -> LossyProxy:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        self.start_server()
         return self
 
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, sock=self.sock)
-
     def stop(self) -> None:
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)  # let their finally blocks run
-            if self._server is not None:
-                await self._server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        self.stop_server()
 
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         try:
