@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         "--bootstrap", help="HOST:PORT of a broker (default FLOE_BOOTSTRAP or 127.0.0.1:9092)"
     )
     g.add_argument("--json", action="store_true", help="machine-readable output")
+    from spark_compaction.cli import add_parsers as add_spark_parsers
+
+    add_spark_parsers(sub)
     return p
 
 
@@ -87,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _groups(args)
     if args.command == "table":
         return _table(args)
+    if args.command in ("compact", "sql"):
+        from spark_compaction.cli import run as run_spark
+
+        return run_spark(args)
     if args.command == "topics":
         import os
 
