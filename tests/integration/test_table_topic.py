@@ -10,6 +10,7 @@ import json
 import sqlite3
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,13 @@ def test_fifty_thousand_json_records_land_exactly_once(tmp_path: Path) -> None:
                 f: want[f] for f in ("id", "name", "score", "tags")}
             assert got["address"] == want["address"]
             assert got["_kafka"]["key"] == str(want["id"]).encode()
+        metrics = broker.log().split("metrics on ", 1)[1].split()[0]
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for p in range(3):
+            assert f'floe_table_lag_records{{topic="clicks.v1",table="default.clicks_v1",' \
+                   f'partition="{p}"}} 0' in text
+        assert 'floe_table_commits_total{topic="clicks.v1"' in text
     finally:
         broker.stop()
 
