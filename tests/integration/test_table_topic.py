@@ -208,6 +208,7 @@ def test_enable_later_backfills_and_alias_keys_work(tmp_path: Path) -> None:
         time.sleep(1)  # let the producer's metadata see the third partition
         acked.update(produce_json(broker.bootstrap, "legacy", [doc(i) for i in range(30)], 3))
         rows = wait_rows(tmp_path / "data", "legacy", 530, 20)
+        cat.engine.dispose()  # close its PostgreSQL connections
         assert set(keys_of(rows)) == set(acked) and max(keys_of(rows).values()) == 1
     finally:
         broker.stop()
@@ -255,5 +256,25 @@ def test_catalog_unavailable_then_catches_up(tmp_path: Path) -> None:
         rows = wait_rows(data, "metrics", 1100, 30)
         keys = keys_of(rows)
         assert set(keys) == set(acked) and max(keys.values()) == 1
+    finally:
+        broker.stop()
+
+
+def test_postgresql_metadata_and_catalog(tmp_path: Path, pg_url: str) -> None:
+    """The cluster set-up: metadata store and Iceberg catalog both in PostgreSQL."""
+    broker = start(tmp_path, "--metadata", pg_url, "--catalog", pg_url)
+    try:
+        create_table_topic(broker.bootstrap, "pgt", 2)
+        acked = produce_json(broker.bootstrap, "pgt", [doc(i) for i in range(400)], 2)
+        cat = SqlCatalog("floe", uri="postgresql+psycopg://" + pg_url.split("://", 1)[1],
+                         warehouse=(tmp_path / "data" / "warehouse").as_uri())
+        deadline = time.monotonic() + 20
+        rows: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and len(rows) < 400:
+            with contextlib.suppress(Exception):
+                rows = cat.load_table(("default", "pgt")).scan().to_arrow().to_pylist()
+            time.sleep(0.3)
+        cat.engine.dispose()  # close its PostgreSQL connections
+        assert set(keys_of(rows)) == set(acked) and max(keys_of(rows).values()) == 1
     finally:
         broker.stop()
