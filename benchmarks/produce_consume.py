@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--bootstrap")
     args = ap.parse_args()
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     with tempfile.TemporaryDirectory() as tmp:
         proc = None

@@ -1,0 +1,149 @@
+"""Ceilings measured in-process, on the same machine, right after the broker runs:
+
+- raw object-store PUT and GET of the bytes a floe broker wrote (its own objects, same sizes,
+  sequentially, as its WAL flusher does), through `s3stream.objectstore.open_object_store`
+  on the same local directory or the same moto server;
+- raw `pyarrow.parquet.write_table` of the rows a table topic holds (zstd, pyiceberg's
+  default codec), next to `tabletopic.convert.Converter` on the same records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.client import _json_value
+
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class RawStore:
+    put_mib_s: float
+    get_mib_s: float
+    objects: int  # read back
+    bytes: int
+    put_objects: int
+    median_put_bytes: int
+    error: str = ""
+
+
+async def _raw_store(url: str, put_sizes: list[int], budget_s: float, max_bytes: int) -> RawStore:
+    from s3stream.objectstore import open_object_store
+
+    store = open_object_store(url)
+    try:
+        keys = [k for k in await store.list("") if not k.startswith("bench-raw/")]
+        blobs: list[bytes] = []
+        total = 0
+        t0 = time.perf_counter()
+        for key in keys:
+            if total >= max_bytes or time.perf_counter() - t0 > budget_s:
+                break
+            blob = await store.get(key)
+            blobs.append(blob)
+            total += len(blob)
+        get_s = time.perf_counter() - t0
+        if not blobs:
+            return RawStore(0, 0, 0, 0, 0, 0, error="the broker wrote no objects")
+        # PUT the broker's own bytes, cut into the sizes its WAL flusher wrote
+        source = memoryview(b"".join(blobs))
+        sizes = put_sizes or [len(b) for b in blobs]
+        t0 = time.perf_counter()
+        put_bytes = pos = 0
+        written = []
+        for i, size in enumerate(sizes):
+            if time.perf_counter() - t0 > budget_s or put_bytes >= max_bytes:
+                break
+            if pos + size > len(source):
+                pos = 0
+            key = f"bench-raw/{i:08d}"
+            await store.put(key, source[pos : pos + size])
+            pos += size
+            written.append(size)
+            put_bytes += size
+        put_s = time.perf_counter() - t0
+        for i in range(len(written)):
+            await store.delete(f"bench-raw/{i:08d}")
+        return RawStore(
+            put_mib_s=put_bytes / put_s / 2**20,
+            get_mib_s=total / get_s / 2**20,
+            objects=len(blobs),
+            bytes=total,
+            put_objects=len(written),
+            median_put_bytes=sorted(written)[len(written) // 2],
+        )
+    finally:
+        await store.close()
+
+
+def raw_object_store(
+    url: str, put_sizes: list[int], budget_s: float = 10.0, max_bytes: int = 1 << 30
+) -> RawStore:
+    """Sequential GET of the broker's objects, then sequential PUT of the same bytes in the
+    sizes its WAL flusher wrote (`put_sizes`; all objects' sizes if empty)."""
+    try:
+        return asyncio.run(_raw_store(url, put_sizes, budget_s, max_bytes))
+    except Exception as e:  # report, do not abort the whole run
+        return RawStore(0, 0, 0, 0, 0, 0, error=f"{type(e).__name__}: {e}")
+
+
+@dataclass(frozen=True)
+class Conversion:
+    rows: int
+    input_mib: float
+    decode_rows_s: float  # record batches -> Record objects (floe's record codec)
+    convert_rows_s: float  # Records -> Arrow (tabletopic.convert.Converter, JSON values)
+    parquet_rows_s: float  # pyarrow.parquet.write_table of the converted rows, zstd
+    parquet_mib_s: float  # input (JSON value) MiB per second of the Parquet write
+    convert_and_write_rows_s: float
+
+
+def conversion(rows: int, size: int) -> Conversion:
+    import pyarrow.parquet as pq
+
+    from broker.protocol import records as batches
+    from broker.protocol.recordcodec import decode_records, encode_batch
+    from tabletopic.convert import Converter
+
+    values = [_json_value(i, size) for i in range(rows)]
+    key = (0).to_bytes(8, "big")
+    blobs = [
+        encode_batch([(key, v, []) for v in values[i : i + 1000]]) for i in range(0, rows, 1000)
+    ]
+    decode_s = convert_s = write_s = math.inf
+    table = None
+    for _ in range(REPEATS):  # best of a few: the runs are short
+        t0 = time.perf_counter()
+        recs = []
+        for blob in blobs:
+            for h in batches.iter_headers(blob):
+                recs += decode_records(blob, h)
+        decode_s = min(decode_s, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        table, invalid = Converter("json").convert(0, recs)
+        convert_s = min(convert_s, time.perf_counter() - t0)
+        assert table is not None and not invalid, invalid[:1]
+        t0 = time.perf_counter()
+        pq.write_table(table, io.BytesIO(), compression="zstd")
+        write_s = min(write_s, time.perf_counter() - t0)
+    in_mib = sum(len(v) for v in values) / 2**20
+    return Conversion(
+        rows=rows,
+        input_mib=in_mib,
+        decode_rows_s=rows / decode_s,
+        convert_rows_s=rows / convert_s,
+        parquet_rows_s=rows / write_s,
+        parquet_mib_s=in_mib / write_s,
+        convert_and_write_rows_s=rows / (convert_s + write_s),
+    )
+
+
+def summary(x: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(x).items()}
