@@ -129,6 +129,7 @@ class LogStore:
         self._object_keys: dict[int, str] = {}
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
+        self._first_pending_at = 0.0
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._ids: list[int] = []
@@ -204,6 +205,8 @@ class LogStore:
         self._pending.append(
             _Pending(st, base, base + record_count - 1, data, max_timestamp, fut, producer)
         )
+        if not self._pending_bytes:
+            self._first_pending_at = time.monotonic()
         self._pending_bytes += len(data)
         self._wake.set()
         if self._pending_bytes >= self.settings.flush_max_bytes:
@@ -219,9 +222,13 @@ class LogStore:
                 if self._closed:
                     return
                 continue
-            if not self._closed and self._pending_bytes < self.settings.flush_max_bytes:
+            # group commit: wait until the oldest pending append has waited `interval` (appends
+            # that arrived during the previous flush have already waited) or the buffer is full
+            wait = self._first_pending_at + interval - time.monotonic()
+            full = self._pending_bytes >= self.settings.flush_max_bytes
+            if wait > 0 and not self._closed and not full:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._full.wait(), interval)
+                    await asyncio.wait_for(self._full.wait(), wait)
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             self._full.clear()
             try:
