@@ -208,7 +208,6 @@ def test_enable_later_backfills_and_alias_keys_work(tmp_path: Path) -> None:
         time.sleep(1)  # let the producer's metadata see the third partition
         acked.update(produce_json(broker.bootstrap, "legacy", [doc(i) for i in range(30)], 3))
         rows = wait_rows(tmp_path / "data", "legacy", 530, 20)
-        cat.engine.dispose()  # close its PostgreSQL connections
         assert set(keys_of(rows)) == set(acked) and max(keys_of(rows).values()) == 1
     finally:
         broker.stop()
