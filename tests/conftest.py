@@ -9,6 +9,11 @@ import boto3
 import pytest
 
 from tests.brokerproc import BrokerProcess, running_broker
+from tests.ci_skips import (  # noqa: F401  (hooks: in CI a skip is a failure)
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
 
