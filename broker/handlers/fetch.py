@@ -41,7 +41,6 @@ async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any
         for p in t.partitions:
             code, hw, start, data = ErrorCode.none, -1, -1, b""
             try:
-                start, hw = storage.offsets(t.topic, p.partition)
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
                     data = await storage.read(
@@ -51,6 +50,8 @@ async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any
                         max(limit, 0),
                         must_return_one=total == 0,
                     )
+                # after the read: the high watermark answered is never below a record served
+                start, hw = storage.offsets(t.topic, p.partition)
             except KafkaError as e:
                 code, errors = e.code, True
             total += len(data)
