@@ -1,20 +1,119 @@
+"""The orphan sweep deletes data, so every case runs on a local (file://) warehouse and on an S3
+warehouse (moto's server, reached through the warehouse URL's endpoint like a broker would).
+
+What must hold: files any snapshot references survive a sweep of any age (0 included) and the
+table reads the same rows afterwards; files nobody references (a Parquet file written for a
+commit that never happened) are deleted once old enough, young ones stay; when references and
+listing disagree (files referenced under another spelling of their location) nothing at all
+is deleted and an error is logged."""
+
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pyarrow as pa
-from pyiceberg.catalog.sql import SqlCatalog
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.table import Table
 
+from tabletopic.catalog import open_catalog
 from tabletopic.orphans import remove_orphan_files
+from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
+
+_buckets = itertools.count()
+SCHEMA = pa.schema([pa.field("a", pa.int64())])
 
 
-def test_only_old_unreferenced_files_go(tmp_path: Path) -> None:
-    cat = SqlCatalog("floe", uri=f"sqlite:///{tmp_path}/c.db", warehouse=(tmp_path / "w").as_uri())
+@dataclass
+class Warehouse:
+    kind: str  # file | s3
+    url: str
+    catalog: Catalog
+    alias: str  # another spelling of the warehouse location (same files): s3a://, a symlink
+
+    def write_parquet(self, location: str, rows: list[int]) -> None:
+        """A Parquet file at `location`, written directly (no commit)."""
+        io = PyArrowFileIO(self.catalog.properties)
+        with io.new_output(location).create(overwrite=True) as f:
+            pq.write_table(pa.table({"a": rows}, schema=SCHEMA), f)
+
+
+@pytest.fixture(params=["file", "s3"])
+def warehouse(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Warehouse]:
+    if request.param == "file":
+        root = tmp_path / "warehouse"
+        root.mkdir()
+        (tmp_path / "alias").symlink_to(root)
+        url = root.as_uri()
+        alias = (tmp_path / "alias").as_uri()
+    else:
+        for k, v in TEST_AWS_ENV.items():
+            monkeypatch.setenv(k, v)
+        for k in UNSET_AWS_ENV:
+            monkeypatch.delenv(k, raising=False)
+        endpoint = request.getfixturevalue("s3_server")
+        bucket = f"orphans-{next(_buckets)}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket=bucket
+        )
+        url = f"s3://{bucket}/tables?endpoint={endpoint}&region=us-east-1&path_style=true"
+        alias = f"s3a://{bucket}/tables"
+    cat = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", url)
+    cat.create_namespace("ns")
+    yield Warehouse(request.param, url, cat, alias)
+
+
+def make_table(wh: Warehouse) -> Table:
+    t = wh.catalog.create_table("ns.t", schema=SCHEMA)
+    t.append(pa.table({"a": [1, 2]}, schema=SCHEMA))
+    t.append(pa.table({"a": [3]}, schema=SCHEMA))
+    return wh.catalog.load_table("ns.t")
+
+
+def data_files(t: Table) -> set[str]:
+    return set(t.inspect.all_files().column("file_path").to_pylist())
+
+
+def test_live_files_survive_a_sweep_of_age_zero(warehouse: Warehouse) -> None:
+    t = make_table(warehouse)
+    live = data_files(t)
+    assert len(live) == 2
+    assert remove_orphan_files(t, min_age_s=0) == []
+    t = warehouse.catalog.load_table("ns.t")
+    assert sorted(t.scan().to_arrow().column("a").to_pylist()) == [1, 2, 3]
+    assert data_files(t) == live
+    assert all(t.io.new_input(p).exists() for p in live)
+
+
+def test_files_of_a_commit_that_never_happened_go_once_old_enough(warehouse: Warehouse) -> None:
+    t = make_table(warehouse)
+    orphan = f"{t.location()}/data/never-committed.parquet"
+    warehouse.write_parquet(orphan, [9, 9])
+    assert remove_orphan_files(t, min_age_s=3600) == []  # too young: stays
+    assert t.io.new_input(orphan).exists()
+    removed = remove_orphan_files(t, min_age_s=0)
+    assert removed == [orphan]
+    assert not t.io.new_input(orphan).exists()
+    t = warehouse.catalog.load_table("ns.t")
+    assert sorted(t.scan().to_arrow().column("a").to_pylist()) == [1, 2, 3]
+
+
+def test_old_file_goes_young_file_stays_by_modification_time(tmp_path: Path) -> None:
+    cat = open_catalog(f"sqlite:///{tmp_path}/c.db", (tmp_path / "w").as_uri())
     cat.create_namespace("default")
-    t = cat.create_table("default.t", schema=pa.schema([pa.field("a", pa.int64())]))
-    t.append(pa.table({"a": [1, 2]}))
+    t = cat.create_table("default.t", schema=SCHEMA)
+    t.append(pa.table({"a": [1, 2]}, schema=SCHEMA))
     data = Path(t.location().removeprefix("file://")) / "data"
     old, fresh = data / "orphan-old.parquet", data / "orphan-new.parquet"
     old.write_bytes(b"x")
@@ -22,5 +121,46 @@ def test_only_old_unreferenced_files_go(tmp_path: Path) -> None:
     then = time.time() - 100
     os.utime(old, (then, then))
     removed = remove_orphan_files(t, min_age_s=50)
-    assert removed == [str(old)]
-    assert fresh.exists() and t.scan().to_arrow().num_rows == 2  # referenced files stay
+    assert removed == [old.as_uri()]
+    assert fresh.exists() and t.scan().to_arrow().num_rows == 2
+
+
+def test_references_spelled_differently_delete_nothing(
+    warehouse: Warehouse, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The table references its files through another spelling of the warehouse (s3a:// for
+    s3://, a symlinked directory for the local one): the sweep must not take them, nor the
+    real orphan next to them, for orphans; it deletes nothing and says why."""
+    t = warehouse.catalog.create_table("ns.t", schema=SCHEMA)
+    rel = t.location().split("/tables/", 1)[1] if warehouse.kind == "s3" else None
+    base = (
+        f"{warehouse.alias}/{rel}"
+        if rel is not None
+        else t.location().replace(warehouse.url, warehouse.alias, 1)
+    )
+    live = [f"{base}/data/added-{i}.parquet" for i in range(2)]
+    for i, loc in enumerate(live):
+        warehouse.write_parquet(loc, [10 + i])
+    t.add_files(live)
+    orphan = f"{t.location()}/data/never-committed.parquet"
+    warehouse.write_parquet(orphan, [9])
+    t = warehouse.catalog.load_table("ns.t")
+    with caplog.at_level(logging.ERROR, logger="tabletopic.orphans"):
+        assert remove_orphan_files(t, min_age_s=0) == []
+    assert "not deleting anything" in caplog.text
+    t = warehouse.catalog.load_table("ns.t")
+    assert sorted(t.scan().to_arrow().column("a").to_pylist()) == [10, 11]
+    assert t.io.new_input(orphan).exists()
+
+
+def test_files_referenced_only_by_an_older_snapshot_stay(warehouse: Warehouse) -> None:
+    """An overwrite replaces the table's files; the old ones are still referenced by the older
+    snapshot (time travel, a reader mid-scan) and must survive until the snapshot expires."""
+    t = make_table(warehouse)
+    before = data_files(t)
+    t.overwrite(pa.table({"a": [7]}, schema=SCHEMA))
+    t = warehouse.catalog.load_table("ns.t")
+    assert remove_orphan_files(t, min_age_s=0) == []
+    assert all(t.io.new_input(p).exists() for p in before)
+    old = t.metadata.snapshots[1].snapshot_id
+    assert sorted(t.scan(snapshot_id=old).to_arrow().column("a").to_pylist()) == [1, 2, 3]
