@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import traceback
 from collections import deque
 from typing import Any, cast
 
@@ -61,6 +62,16 @@ class KafkaConnection(asyncio.Protocol):
             asyncio.create_task(self._dispatch(), name=f"dispatch {self.peer}"),
             asyncio.create_task(self._write(), name=f"write {self.peer}"),
         ]
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Whatever ends a connection's task unexpectedly ends that connection, never more."""
+        if task.cancelled():
+            return
+        e = task.exception()
+        if e is not None:
+            self._close(f"{task.get_name()} failed: {_one_line(e)}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -129,11 +140,16 @@ class KafkaConnection(asyncio.Protocol):
             except ProtocolError as e:
                 self._close(str(e))
                 return
+            except Exception as e:  # a bad request costs its connection, never the broker
+                self._close(f"undecodable request: {_one_line(e)}")
+                return
+            del frame
             try:
                 result = await REGISTRY[api_key].handle(self.ctx, head, body)
-            except Exception:
-                log.exception("handler for api %d v%d failed", head.api_key, head.api_version)
-                self._close("internal error")
+            except Exception as e:
+                log.debug("handler for api %d v%d failed", head.api_key, head.api_version,
+                          exc_info=True)
+                self._close(f"api {head.api_key} v{head.api_version} failed: {_one_line(e)}")
                 return
             if result is NO_RESPONSE:
                 continue
@@ -147,18 +163,26 @@ class KafkaConnection(asyncio.Protocol):
             if item is None:
                 return
             head, result = item
-            if isinstance(result, asyncio.Future):
-                try:
+            try:
+                if isinstance(result, asyncio.Future):
                     result = await result
-                except Exception:
-                    log.exception("api %d v%d failed", head.api_key, head.api_version)
-                    self._close("internal error")
-                    return
-            frame = encode_response(head.api_key, head.api_version, head.correlation_id, result)
+                frame = encode_response(head.api_key, head.api_version, head.correlation_id,
+                                        result)
+            except Exception as e:
+                log.debug("api %d v%d failed", head.api_key, head.api_version, exc_info=True)
+                self._close(f"api {head.api_key} v{head.api_version} failed: {_one_line(e)}")
+                return
             await self._can_write.wait()
             if self.transport is None or self.transport.is_closing():
                 return
             self.transport.write(frame)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception and where it was raised, on one line (the traceback goes to DEBUG)."""
+    where = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    at = f" at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}" if where else ""
+    return f"{e!r}{at}"[:500]
 
 
 def _unsupported_version() -> Any:

@@ -18,6 +18,8 @@ from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_re
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32
 
+from broker.protocol.framecheck import MalformedFrame, check_request
+
 _PEEK = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
 
@@ -101,14 +103,28 @@ def decode_request(
     except (UnknownAPIKey, UnknownEntity) as e:
         raise UnsupportedVersionError(api_key, api_version, correlation_id) from e
     try:
-        header, n = codec.read_header(frame, 0)
-        body, _m = codec.read_body(frame, n)
+        # Every length is checked against the frame before kio's native reader sees it (it
+        # would reserve memory for any length it reads, and Rust aborts the process when that
+        # fails); unknown tagged fields are cut out, as Kafka receivers skip them.
+        checked = check_request(frame, codec.request_type.__header_schema__, codec.request_type)
+        header, n = codec.read_header(checked, 0)
+        body, _m = codec.read_body(checked, n)
+    except MalformedFrame as e:
+        raise ProtocolError(f"malformed api {api_key} v{api_version} request: {e}") from e
     except Exception as e:  # kio raises several types for malformed input
         raise ProtocolError(f"malformed api {api_key} v{api_version} request: {e!r}") from e
+    except BaseException as e:  # a Rust panic in kio (pyo3's PanicException) is not an Exception
+        if not _is_rust_panic(e):
+            raise
+        raise ProtocolError(f"api {api_key} v{api_version} request broke the decoder: {e!r}") from e
     # Bytes after the body are ignored, as Apache Kafka does: librdkafka 2.16 sends a null
     # topics array in Metadata v12 followed by three stray zero bytes.
     head = RequestHead(api_key, api_version, correlation_id, header.client_id)
     return head, body
+
+
+def _is_rust_panic(e: BaseException) -> bool:
+    return type(e).__name__ == "PanicException"
 
 
 def response_type(api_key: int, api_version: int) -> type[Any]:

@@ -9,6 +9,8 @@ from kio.index import load_entity_schema
 from kio.serial import entity_reader
 from kio.static.constants import EntityType
 
+from broker.protocol.framecheck import check_entity
+
 MAX_SUBSCRIPTION_VERSION = 3
 
 
@@ -20,7 +22,8 @@ def subscription_topics(metadata: bytes) -> set[str]:
     version = min(max(version, 0), MAX_SUBSCRIPTION_VERSION)  # newer versions extend older
     try:
         cls = load_entity_schema("consumer_protocol_subscription", version, EntityType.data)
-        sub: Any = entity_reader(cls)(metadata, 2)[0]
+        # bounds first: kio's native reader would reserve memory for any array length
+        sub: Any = entity_reader(cls)(check_entity(metadata, 2, cls), 2)[0]
     except Exception:
         return set()
     return set(sub.topics)

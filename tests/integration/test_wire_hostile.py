@@ -1,0 +1,91 @@
+"""Hostile frames against a real broker process (issue 10, items 6 and 7).
+
+What must survive: the broker process, every other connection (a bystander keeps producing
+and fetching), the data it acknowledged. A frame whose lengths claim billions of elements
+costs only its own connection (before the fix, kio's native reader asked for 32 GB and Rust
+aborted the whole broker); a request carrying tagged fields the broker does not know, in its
+header or its body, is answered normally (before, the connection was dropped).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from typing import Any
+
+import pytest
+
+from tests.brokerproc import BrokerProcess
+from tests.integration.test_bad_input import api_versions, create_topic, fetch, produce
+from tests.rawclient import RawClient, make_batch, request_class
+from tests.unit.test_codec_bounds import frame_of, hostile_frames, metadata_v12
+
+pytestmark = pytest.mark.integration
+
+
+def _size_prefixed(frame: bytes) -> bytes:
+    return struct.pack(">i", len(frame)) + frame
+
+
+def test_huge_lengths_cost_only_their_connection(broker: BrokerProcess) -> None:
+    with RawClient(broker.bootstrap) as bystander:
+        assert create_topic(bystander, "calm").error_code == 0
+        for i, (name, frame) in enumerate(hostile_frames().items()):
+            with RawClient(broker.bootstrap) as bad:
+                bad.send_raw(_size_prefixed(frame))
+                assert bad.is_closed_by_peer(), name
+            assert broker.proc is not None and broker.proc.poll() is None, (name, broker.log())
+            # the bystander's connection is untouched and its writes still land
+            result = produce(bystander, "calm", {0: make_batch([f"v{i}".encode()])})
+            assert result[0].error_code == 0 and result[0].base_offset == i, name
+        assert fetch(bystander, "calm", 0).high_watermark == len(hostile_frames())
+        lines = [ln for ln in broker.log().splitlines() if "closing connection" in ln]
+        assert len(lines) >= len(hostile_frames())
+        assert "Traceback" not in broker.log()
+
+
+def test_unknown_tagged_fields_are_skipped(broker: BrokerProcess) -> None:
+    """Metadata v12 and ApiVersions v3 with unknown tags in the header and in the body, and a
+    Produce v9 with one inside a partition's struct, are answered as if the tags were absent."""
+    unknown = b"\x02" + b"\x05\x03abc" + b"\x63\x00"  # tags 5 (3 bytes) and 99 (empty)
+    header_end = 8 + 2 + len("rawclient")
+
+    def with_unknown_tags(frame: bytes) -> bytes:
+        assert frame[header_end] == 0 and frame[-1] == 0
+        return frame[:header_end] + unknown + frame[header_end + 1 : -1] + unknown
+
+    with RawClient(broker.bootstrap) as c:
+        assert create_topic(c, "tags").error_code == 0
+        for req, check in (
+            (metadata_v12(("tags",)), lambda r: [t.name for t in r.topics] == ["tags"]),
+            (request_class(18, 3)(client_software_name="x", client_software_version="1"),
+             lambda r: r.error_code == 0 and len(r.api_keys) > 10),
+        ):
+            c.send_raw(_size_prefixed(with_unknown_tags(frame_of(req))))
+            _corr, resp = c.decode(c.read_frame(), req.__api_key__, req.__version__)
+            assert check(resp), resp
+        batch = bytes(make_batch([b"tagged"]))
+        frame = frame_of(_produce_to("tags", batch))
+        # partition struct: index, records, then its tagged-field count (0) before the end
+        # of the partition array; put an unknown tag there
+        cut = frame.index(batch) + len(batch)
+        assert frame[cut] == 0
+        frame = frame[:cut] + b"\x01\x09\x02zz" + frame[cut + 1 :]
+        c.send_raw(_size_prefixed(with_unknown_tags(frame)))
+        _corr, resp = c.decode(c.read_frame(), 0, 9)
+        part = resp.responses[0].partition_responses[0]
+        assert part.error_code == 0 and part.base_offset == 0
+        stored = fetch(c, "tags", 0)
+        assert stored.high_watermark == 1 and b"tagged" in bytes(stored.records)
+        assert api_versions(c).error_code == 0  # same connection goes on
+
+
+def _produce_to(topic: str, records: bytes) -> Any:
+    pd = request_class(0, 9, "PartitionProduceData")
+    td = request_class(0, 9, "TopicProduceData")
+    return request_class(0, 9)(
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(td(name=topic, partition_data=(pd(index=0, records=records),)),),
+    )
