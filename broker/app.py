@@ -8,10 +8,11 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 
-from broker.config import Settings, split_hostport
+from broker.config import Settings, split_hostport, topic_defaults
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
+from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.net import close_server, serve
 from broker.retention import apply_retention
 from broker.storage import Storage
@@ -52,6 +53,15 @@ def compaction_settings(settings: Settings) -> CompactionSettings:
     )
 
 
+def cleaner_settings(settings: Settings) -> CleanerSettings:
+    return CleanerSettings(
+        backoff_ms=settings["log.cleaner.backoff.ms"],
+        max_keys=settings["log.cleaner.dedupe.buffer.size"] // BYTES_PER_KEY,
+        chunk_max_bytes=settings["stream.chunk.max.bytes"],
+        object_max_bytes=settings["stream.object.max.bytes"],
+    )
+
+
 async def _every(interval_ms: int, what: str, job: Callable[[], Awaitable[object]]) -> None:
     """Run a maintenance job forever; a failed run is logged and tried again next time."""
     while True:
@@ -68,6 +78,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     storage = build_storage(settings)
+    storage.topic_defaults.update(topic_defaults(settings))
     await storage.open()
     host, port = settings.listen
     groups = GroupCoordinator(
@@ -124,6 +135,16 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
             )
         ),
     ]
+    if settings["log.cleaner.enable"]:
+        background.append(
+            asyncio.create_task(
+                _every(
+                    settings["log.cleaner.backoff.ms"],
+                    "log cleaner",
+                    LogCleaner(storage, cleaner_settings(settings)).run_once,
+                )
+            )
+        )
     try:
         await stop.wait()
     finally:

@@ -193,9 +193,32 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
     return out
 
 
-def topic_config_value(configs: Mapping[str, str], key: str) -> Any:
+# topic configs whose default is a broker setting (Kafka's synonyms), topic key -> broker key
+TOPIC_BROKER_DEFAULTS = {
+    "max.message.bytes": "message.max.bytes",
+    "compression.type": "compression.type",
+}
+
+
+def topic_defaults(settings: Settings) -> dict[str, str]:
+    """The broker settings that serve as topic config defaults, as topic config strings."""
+    out = {}
+    for topic_key, broker_key in TOPIC_BROKER_DEFAULTS.items():
+        value = settings.values.get(broker_key)
+        if value is not None:
+            out[topic_key] = str(value)
+    return out
+
+
+def topic_config_value(
+    configs: Mapping[str, str], key: str, defaults: Mapping[str, str] | None = None
+) -> Any:
+    """A topic config's parsed value: set on the topic, else the broker default (`defaults`,
+    see topic_defaults), else Kafka's default."""
     d = TOPIC_CONFIGS[key]
-    raw = configs.get(key, d.default)
+    raw = configs.get(key)
+    if raw is None:
+        raw = (defaults or {}).get(key, d.default)
     assert raw is not None
     return d.parse(raw)
 
@@ -230,7 +253,31 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("num.partitions", "int", "1", check=_positive),
         ConfigDef("default.replication.factor", "int", "1", check=_positive),
         ConfigDef("socket.request.max.bytes", "int", str(100 * 1024 * 1024), check=_positive),
-        ConfigDef("message.max.bytes", "int", "1048588", check=_nonneg),
+        ConfigDef(
+            "message.max.bytes",
+            "int",
+            "1048588",
+            "largest record batch; the default of topics' max.message.bytes",
+            _nonneg,
+        ),
+        ConfigDef(
+            "compression.type",
+            "string",
+            "producer",
+            "codec of stored batches; the default of topics' compression.type",
+            choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+        ),
+        ConfigDef("log.cleaner.enable", "boolean", "true", "compact cleanup.policy=compact topics"),
+        ConfigDef(
+            "log.cleaner.backoff.ms", "int", "15000", "how often the log cleaner runs", _positive
+        ),
+        ConfigDef(
+            "log.cleaner.dedupe.buffer.size",
+            "long",
+            str(128 * 1024 * 1024),
+            "memory for the cleaner's key map (about 144 bytes per key)",
+            lambda v: v >= 1024,
+        ),
         ConfigDef("wal.flush.interval.ms", "double", "5", check=lambda v: v >= 0),
         ConfigDef("wal.flush.max.bytes", "int", str(8 * 1024 * 1024), check=_positive),
         ConfigDef("cache.max.bytes", "long", str(256 * 1024 * 1024), check=_nonneg),

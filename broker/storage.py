@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker import recordpolicy
 from broker.config import ConfigError, topic_config_value, validate_topic_configs
 from broker.errors import ErrorCode, KafkaError
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
@@ -40,9 +41,10 @@ class Topic:
     topic_id: uuid.UUID
     configs: dict[str, str]
     streams: list[int] = field(default_factory=list)  # stream id of each partition
+    defaults: dict[str, str] = field(default_factory=dict)  # broker defaults (shared dict)
 
     def config(self, key: str) -> object:
-        return topic_config_value(self.configs, key)
+        return topic_config_value(self.configs, key, self.defaults)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ class Storage:
         self.objects = objects
         self.meta = meta
         self.log = LogStore(objects, meta, wal)
+        # broker settings that are topic config defaults (config.topic_defaults); set by app
+        self.topic_defaults: dict[str, str] = {}
         self.topics: dict[str, Topic] = {}
         self.topics_by_id: dict[uuid.UUID, Topic] = {}
         self.cluster_id = ""
@@ -81,7 +85,7 @@ class Storage:
         await self.objects.close()
 
     def _add_topic(self, row: TopicRow) -> Topic:
-        t = Topic(row.name, row.topic_id, dict(row.configs))
+        t = Topic(row.name, row.topic_id, dict(row.configs), defaults=self.topic_defaults)
         self.topics[t.name] = t
         self.topics_by_id[t.topic_id] = t
         return t
@@ -182,20 +186,7 @@ class Storage:
         sid = self.stream_id(topic, partition)
         if not data:
             raise KafkaError(ErrorCode.corrupt_message, "empty record set")
-        try:
-            headers = records.validate(data)
-        except records.UnsupportedMagicError as e:
-            raise KafkaError(ErrorCode.unsupported_for_message_format, str(e)) from None
-        except records.CorruptBatchError as e:
-            raise KafkaError(ErrorCode.corrupt_message, str(e)) from None
-        max_size = t.config("max.message.bytes")
-        assert isinstance(max_size, int)
-        for h in headers:
-            if h.size > max_size:
-                raise KafkaError(
-                    ErrorCode.message_too_large,
-                    f"batch of {h.size} bytes exceeds max.message.bytes {max_size}",
-                )
+        data, headers = recordpolicy.apply(data, t.config)
         idempotent = headers[0].producer_id >= 0
         if idempotent and len(headers) != 1:
             raise KafkaError(
@@ -210,7 +201,8 @@ class Storage:
             )
             if dup is not None:
                 return self._duplicate(dup)
-        append_time = now_ms() if t.config("message.timestamp.type") == "LogAppendTime" else None
+        log_append = str(t.config("message.timestamp.type")).lower() == "logappendtime"
+        append_time = now_ms() if log_append else None
         count = sum(h.record_count for h in headers)
         max_ts = append_time if append_time is not None else max(h.max_timestamp for h in headers)
 

@@ -119,3 +119,119 @@ def encode_batch(
     after_crc += body
     head = struct.pack(">qiib", 0, len(after_crc) + 9, 0, 2)
     return head + struct.pack(">I", crc32c(after_crc)) + after_crc
+
+
+# ------------------------------------------------------------------------------------------
+# Rewriting whole batches (log compaction, topic compression.type): records are kept as they
+# were sent except for what the rewrite means to change.
+# ------------------------------------------------------------------------------------------
+DELETE_HORIZON_BIT = 0x40  # KIP-534: base_timestamp holds the tombstones' delete horizon
+CODECS = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One record of a batch, decoded only as far as a rewrite needs: its offset delta and
+    absolute timestamp, key and value, and its headers as the exact bytes that were sent."""
+
+    offset_delta: int
+    timestamp: int  # base_timestamp + delta as stored (the producer's CreateTime)
+    key: bytes | None
+    value: bytes | None
+    headers: bytes  # header count varint and the headers, verbatim
+
+
+def decode_raw(batch: bytes | bytearray | memoryview, h: BatchHeader) -> list[RawRecord]:
+    """Every record of one (non-control) batch, for rewriting it."""
+    body = decompress(
+        h.compression, memoryview(batch)[h.position + HEADER_SIZE : h.position + h.size]
+    )
+    out: list[RawRecord] = []
+    pos = 0
+    try:
+        for _ in range(h.record_count):
+            length, pos = _varint(body, pos)
+            end = pos + length
+            pos += 1  # attributes (unused in v2)
+            ts_delta, pos = _varint(body, pos)
+            off_delta, pos = _varint(body, pos)
+            klen, pos = _varint(body, pos)
+            key = None if klen < 0 else body[pos : pos + klen]
+            pos += max(klen, 0)
+            vlen, pos = _varint(body, pos)
+            value = None if vlen < 0 else body[pos : pos + vlen]
+            pos += max(vlen, 0)
+            if end > len(body) or pos > end:
+                raise CorruptBatchError("record length does not match its fields")
+            out.append(RawRecord(off_delta, h.base_timestamp + ts_delta, key, value,
+                                 body[pos:end]))
+            pos = end
+    except IndexError:
+        raise CorruptBatchError("record runs past the end of its batch") from None
+    return out
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    """Compress a batch body the way Kafka clients read it (snappy raw, lz4 frame)."""
+    import cramjam
+
+    if codec == 0:
+        return data
+    if codec == 1:
+        return bytes(cramjam.gzip.compress(data))
+    if codec == 2:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec == 3:
+        return bytes(cramjam.lz4.compress(data))
+    if codec == 4:
+        return bytes(cramjam.zstd.compress(data))
+    raise ValueError(f"unknown compression codec {codec}")
+
+
+def encode_records(
+    h: BatchHeader,
+    records: list[RawRecord],
+    codec: int,
+    base_timestamp: int | None = None,
+    delete_horizon: bool | None = None,
+) -> bytes:
+    """A v2 batch with `h`'s base offset, last offset delta, leader epoch, producer id, epoch,
+    base sequence, timestamp type and max timestamp, holding `records` (possibly fewer than
+    `h` had, or none), its body compressed with `codec`, CRC computed.
+
+    `base_timestamp` (default: h's) is what record timestamps are stored relative to;
+    `delete_horizon` sets or clears the KIP-534 flag (default: as in h)."""
+    base_ts = h.base_timestamp if base_timestamp is None else base_timestamp
+    body = bytearray()
+    for r in records:
+        rec = bytearray(b"\x00")
+        rec += _zigzag(r.timestamp - base_ts) + _zigzag(r.offset_delta)
+        rec += _field(r.key) + _field(r.value) + r.headers
+        body += _zigzag(len(rec)) + rec
+    if not records:
+        codec = 0
+    attrs = (h.attributes & ~0x07) | codec
+    if delete_horizon is not None:
+        attrs = (attrs | DELETE_HORIZON_BIT) if delete_horizon else attrs & ~DELETE_HORIZON_BIT
+    after_crc = struct.pack(
+        ">hiqqqhii",
+        attrs,
+        h.last_offset_delta,
+        base_ts,
+        h.max_timestamp,
+        h.producer_id,
+        h.producer_epoch,
+        h.base_sequence,
+        len(records),
+    )
+    after_crc += compress(codec, bytes(body))
+    head = struct.pack(">qiib", h.base_offset, len(after_crc) + 9, h.leader_epoch, 2)
+    return head + struct.pack(">I", crc32c(after_crc)) + after_crc
+
+
+def recompress(batch: bytes | bytearray | memoryview, h: BatchHeader, codec: int) -> bytes:
+    """The batch at h.position re-encoded with `codec` (a no-op copy for the same codec),
+    keeping every record field, header and the producer id / epoch / sequence."""
+    if h.compression == codec or h.is_control:
+        return bytes(memoryview(batch)[h.position : h.position + h.size])
+    return encode_records(h, decode_raw(batch, h), codec)

@@ -1,0 +1,257 @@
+"""Log compaction (broker/logcleaner.py) on a real Storage: s3stream on a local object store
+and SQLite metadata, batches appended through the produce path, compacted into stream objects
+by s3stream's compactor, then cleaned; everything read back through Storage.read."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from broker.errors import KafkaError
+from broker.logcleaner import CleanerSettings, LogCleaner
+from broker.protocol import records
+from broker.protocol.recordcodec import Record, decode_records, encode_batch
+from broker.storage import Storage
+from s3stream.compaction import CompactionSettings, Compactor
+from s3stream.log import WalSettings
+from s3stream.metadata import SqliteMetadataStore
+from s3stream.objectstore import open_object_store
+from tests.faults import FaultyStore
+
+RETENTION_MS = 60_000
+COMPACT = {"cleanup.policy": "compact", "delete.retention.ms": str(RETENTION_MS)}
+NOW = 1_700_000_000_000 + 3_600_000  # well after every record's timestamp (encode_batch ts)
+
+
+async def open_storage(root: Path, faulty: bool = False) -> Storage:
+    objects = open_object_store((root / "objects").as_uri())
+    store = FaultyStore(objects) if faulty else objects
+    meta = SqliteMetadataStore(root / "meta.db")
+    storage = Storage(store, meta, WalSettings(flush_interval_ms=1))
+    await storage.open()
+    return storage
+
+
+@pytest.fixture
+async def storage(tmp_path: Path) -> AsyncIterator[Storage]:
+    s = await open_storage(tmp_path)
+    await s.create_topic("t", 1, COMPACT)
+    yield s
+    await s.close()
+
+
+Rec = tuple[bytes | None, bytes | None]
+
+
+async def produce(storage: Storage, batch: list[Rec], topic: str = "t") -> int:
+    data = encode_batch([(k, v, []) for k, v in batch], timestamp_ms=1_700_000_000_000)
+    return (await storage.append(topic, 0, data)).base_offset
+
+
+async def settle(storage: Storage) -> None:
+    """Move every WAL chunk into stream objects (what the cleaner works on)."""
+    settings = CompactionSettings(min_age_ms=0, gc_delay_ms=0, chunk_max_bytes=256)
+    await Compactor(storage.log, settings).run_once()
+
+
+async def read_all(storage: Storage, start: int = 0, topic: str = "t") -> list[Record]:
+    out: list[Record] = []
+    offset = start
+    _, end = storage.offsets(topic, 0)
+    while offset < end:
+        data = await storage.read(topic, 0, offset, 1 << 20, True)
+        headers = records.iter_headers(data)
+        assert headers, f"no batch at offset {offset} < high watermark {end}"
+        for h in headers:
+            out += [r for r in decode_records(data, h) if r.offset >= offset]
+            offset = max(offset, h.next_offset)
+    return out
+
+
+def chunk_ranges(storage: Storage, topic: str = "t") -> list[tuple[int, int]]:
+    st = storage.log.stream(storage.stream_id(topic, 0))
+    return [(c.base_offset, c.last_offset) for c in st.chunks]
+
+
+def assert_contiguous(storage: Storage) -> None:
+    st = storage.log.stream(storage.stream_id("t", 0))
+    ranges = chunk_ranges(storage)
+    assert ranges[0][0] <= st.start_offset
+    for (_, last), (base, _) in itertools.pairwise(ranges):
+        assert base == last + 1, ranges
+    assert ranges[-1][1] == st.end_offset - 1
+
+
+Latest = dict[bytes, tuple[int, bytes | None]]
+
+
+async def write_updates(storage: Storage, keys: int, rounds: int) -> Latest:
+    """`rounds` updates of every key in batches of 5 records, every 7th key deleted in the
+    last round; returns key -> (offset, value) of the latest record."""
+    latest: Latest = {}
+    pending: list[Rec] = []
+    for r in range(rounds):
+        for k in range(keys):
+            key = b"k%03d" % k
+            value = None if r == rounds - 1 and k % 7 == 0 else b"v%d-%d" % (k, r)
+            pending.append((key, value))
+            if len(pending) == 5:
+                base = await produce(storage, pending)
+                for i, (kk, vv) in enumerate(pending):
+                    assert kk is not None
+                    latest[kk] = (base + i, vv)
+                pending = []
+    assert not pending
+    return latest
+
+
+async def test_cleaning_keeps_the_latest_record_per_key_at_its_offset(storage: Storage) -> None:
+    """Must survive: after cleaning, a reader from offset 0 sees exactly the latest record of
+    every key (tombstones too, until delete.retention.ms), each at the offset it was written,
+    offsets strictly increasing; chunk ranges still tile the log; fewer bytes stored; a read
+    at a cleaned-away offset returns the next surviving record. After the delete horizon the
+    tombstones are gone too."""
+    latest = await write_updates(storage, keys=40, rounds=6)
+    await settle(storage)
+    before = sum(c.length for c in storage.log.stream(storage.stream_id("t", 0)).chunks)
+    cleaner = LogCleaner(storage, CleanerSettings())
+    stats = await cleaner.run_once(NOW)
+    assert stats.streams_cleaned == 1 and stats.records_removed == 40 * 5
+    got = await read_all(storage)
+    assert [r.offset for r in got] == sorted(off for off, _ in latest.values())
+    assert {r.key: (r.offset, r.value) for r in got} == latest
+    assert_contiguous(storage)
+    after = sum(c.length for c in storage.log.stream(storage.stream_id("t", 0)).chunks)
+    assert after < before / 3
+    # a fetch at a removed offset answers with the next surviving record
+    removed = 3
+    assert removed not in {r.offset for r in got}
+    first = (await read_all(storage, start=removed))[0]
+    assert first.offset == min(r.offset for r in got if r.offset > removed)
+    # nothing new, before the horizon: a pass is a no-op; after it, tombstones are removed
+    assert (await cleaner.run_once(NOW + 1000)).streams_cleaned == 0
+    stats = await cleaner.run_once(NOW + RETENTION_MS + 1)
+    assert stats.streams_cleaned == 1 and stats.records_removed == 6
+    got = await read_all(storage)
+    assert {r.key: (r.offset, r.value) for r in got} == {
+        k: v for k, v in latest.items() if v[1] is not None
+    }
+    assert_contiguous(storage)
+
+
+async def test_tombstone_horizon_starts_at_the_cleaning_that_keeps_it(storage: Storage) -> None:
+    """Must survive: a tombstone stays readable for delete.retention.ms after the first
+    cleaning that keeps it, and an empty tail left by removed records is still covered, so
+    a reader from offset 0 reaches the high watermark."""
+    await produce(storage, [(b"a", b"1"), (b"b", b"2")])
+    await produce(storage, [(b"a", None), (b"b", None)])
+    await settle(storage)
+    cleaner = LogCleaner(storage, CleanerSettings())
+    await cleaner.run_once(NOW)
+    assert [(r.key, r.value) for r in await read_all(storage)] == [(b"a", None), (b"b", None)]
+    await cleaner.run_once(NOW + RETENTION_MS - 1)
+    assert len(await read_all(storage)) == 2, "tombstones removed before their horizon"
+    await cleaner.run_once(NOW + RETENTION_MS)
+    assert await read_all(storage) == []
+    assert_contiguous(storage)
+    data = await storage.read("t", 0, 0, 1 << 20, True)
+    (h,) = records.iter_headers(data)  # one empty batch covering the whole cleaned range
+    assert (h.base_offset, h.last_offset, h.record_count) == (0, 3, 0)
+
+
+async def test_bounded_key_map_cleans_in_several_passes(storage: Storage) -> None:
+    """Must survive: with a key map far smaller than the number of keys, each pass cleans the
+    part its map covered; repeated passes reach the same result as one big pass."""
+    latest = await write_updates(storage, keys=30, rounds=4)
+    await settle(storage)
+    cleaner = LogCleaner(storage, CleanerSettings(max_keys=8, chunk_max_bytes=300))
+    for _ in range(40):
+        await cleaner.run_once(NOW)
+    got = await read_all(storage)
+    assert {r.key: (r.offset, r.value) for r in got} == latest
+    assert len(got) == len(latest)
+    assert_contiguous(storage)
+
+
+async def test_a_pass_whose_chunks_changed_meanwhile_is_abandoned(tmp_path: Path) -> None:
+    """Must survive: when the chunks a pass read are changed before it commits (here retention
+    drops the first one while the pass is writing), the pass commits nothing, deletes its own
+    never-referenced objects, and the log is exactly what retention left; the next pass
+    cleans."""
+    storage = await open_storage(tmp_path, faulty=True)
+    try:
+        await storage.create_topic("t", 1, COMPACT)
+        for _ in range(3):  # three stream objects
+            await write_updates(storage, keys=10, rounds=1)
+            await settle(storage)
+        everything = await read_all(storage)
+        store = storage.objects
+        assert isinstance(store, FaultyStore)
+        sid = storage.stream_id("t", 0)
+        assert len(storage.log.stream(sid).chunks) > 2
+        cut = storage.log.stream(sid).chunks[0].last_offset + 1
+        cleaner = LogCleaner(storage, CleanerSettings(chunk_max_bytes=200, object_max_bytes=1))
+        store.stall.clear()
+        task = asyncio.create_task(cleaner.run_once(NOW))
+        await asyncio.sleep(0.3)  # the pass is now waiting to write its first object
+        assert not task.done()
+        await storage.log.truncate(sid, cut)  # retention, concurrently
+        store.stall.set()
+        stats = await asyncio.wait_for(task, 10)
+        assert stats.abandoned == 1 and stats.streams_cleaned == 0
+        assert await read_all(storage, start=cut) == [r for r in everything if r.offset >= cut]
+        stored = set(await store.list("stream/"))
+        assert stored == {o.key for o in await storage.meta.objects("stream")}, "leaked objects"
+        stats = await cleaner.run_once(NOW)
+        assert stats.streams_cleaned == 1
+        expected: dict[bytes | None, tuple[int, bytes | None]] = {}
+        for r in everything:
+            if r.offset >= cut:
+                expected[r.key] = (r.offset, r.value)
+        got = await read_all(storage, start=cut)
+        assert {r.key: (r.offset, r.value) for r in got} == expected
+        assert len(got) == len(expected)
+    finally:
+        await storage.close()
+
+
+async def test_cleaning_races_with_compaction_and_appends(storage: Storage) -> None:
+    """Must survive: cleaner passes running concurrently with s3stream compaction and new
+    appends lose nothing: in the end every key's latest record is there at its offset, and
+    only those."""
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    compactor = Compactor(storage.log, CompactionSettings(min_age_ms=0, gc_delay_ms=0))
+    cleaner = LogCleaner(storage, CleanerSettings(chunk_max_bytes=400))
+
+    async def writer(round_: int) -> None:
+        for i in range(10):
+            batch: list[Rec] = [(b"k%d" % ((round_ * 7 + i * 3 + j) % 25), b"r%d-%d" % (round_, i))
+                                for j in range(3)]
+            base = await produce(storage, batch)
+            for j, (k, v) in enumerate(batch):
+                assert k is not None
+                latest[k] = (base + j, v)
+
+    for round_ in range(12):
+        await asyncio.gather(writer(round_), compactor.run_once(), cleaner.run_once(NOW),
+                             cleaner.run_once(NOW))
+        assert_contiguous(storage)
+    await settle(storage)
+    await cleaner.run_once(NOW)
+    got = await read_all(storage)
+    assert {r.key: (r.offset, r.value) for r in got} == latest
+    assert len(got) == len(latest)
+
+
+async def test_keyless_record_to_compacted_topic_is_rejected(storage: Storage) -> None:
+    """Must survive: a batch with a keyless record is refused with INVALID_RECORD and nothing
+    of it is appended; keyed records still go through."""
+    with pytest.raises(KafkaError) as e:
+        await produce(storage, [(b"a", b"1"), (None, b"2")])
+    assert e.value.code == 87
+    assert storage.offsets("t", 0) == (0, 0)
+    assert await produce(storage, [(b"a", b"1")]) == 0
