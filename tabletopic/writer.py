@@ -1,47 +1,44 @@
 """One table topic's writer: follows every partition's committed log, converts records to
 Arrow, and commits them to the Iceberg table, exactly once.
 
-Exactly once: the table records, in a table property and in each snapshot's summary
-(`floe.offsets`), the next offset of every partition it holds. A commit is made only if the
-table's offsets are still the ones this writer started from (checked against a freshly loaded
-table, and guarded by the catalog's compare-and-swap); after a crash or restart the writer
-resumes from the table's offsets. Rows and dead letters of a commit come from exactly the
-offsets between the old and the new `floe.offsets`.
+Exactly once: the table records the next offset of every partition it holds (`floe.offsets`,
+a table property, and in each floe snapshot's summary). Each commit covers the offsets between
+the table's `floe.offsets` as read and the new ones, and is guarded by explicit catalog
+requirements (table UUID, current snapshot id, schema id of the state it read); every commit,
+one whose records all went to the dead-letter topic included, adds a snapshot. The argument is
+in tabletopic.commit. After a crash, a restart or a lost race (StaleOffsets) the writer resumes
+from the table's offsets. Dead letters are written before the commit that moves past them, so
+they are at least once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from broker.errors import KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
 from broker.storage import Storage
+from tabletopic.commit import OFFSETS, StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.convert import Converter, Invalid
 from tabletopic.dlq import DeadLetters
 from tabletopic.orphans import remove_orphan_files
 
+__all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
-OFFSETS = "floe.offsets"
 READ_BYTES = 4 << 20
 MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while commits cannot go through
-
-
-class StaleOffsets(Exception):
-    """The table moved (another writer committed): start again from the table's offsets."""
 
 
 @dataclass
@@ -54,11 +51,6 @@ class PartitionState:
     records: int = 0
     bytes: int = 0
     stopped: str | None = None  # errors.tolerance=none: why this partition stopped
-
-
-def table_offsets(table: Table) -> dict[int, int]:
-    raw = table.properties.get(OFFSETS)
-    return {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
 
 
 class TableWriter:
@@ -243,36 +235,7 @@ class TableWriter:
     def _commit_sync(
         self, data: pa.Table | None, start: dict[int, int], new: dict[int, int]
     ) -> None:
-        cfg = self.config
-        for _attempt in range(10):
-            table = self.catalog.load_table(cfg.identifier)
-            current = table_offsets(table)
-            if all(current.get(p) == o for p, o in new.items()):
-                return  # an earlier attempt went through (its answer was lost)
-            for p, o in start.items():
-                if current.get(p, o) != o:  # a partition new to the table starts anywhere
-                    raise StaleOffsets(f"partition {p}: table at {current.get(p)}, expected {o}")
-            offsets = json.dumps({str(k): v for k, v in sorted({**current, **new}.items())})
-            tx = table.transaction()
-            if data is not None:
-                if not _covers(table, data.schema):
-                    with tx.update_schema() as update:
-                        update.union_by_name(data.schema)
-                tx.append(
-                    data,
-                    snapshot_properties={
-                        OFFSETS: offsets,
-                        "floe.topic": self.topic,
-                        "floe.commit-id": str(uuid.uuid4()),
-                    },
-                )
-            tx.set_properties({OFFSETS: offsets})
-            try:
-                tx.commit_transaction()
-                return
-            except CommitFailedException as e:  # a concurrent commit (e.g. compaction): again
-                log.info("table topic %s: commit conflict (%s); retrying", self.topic, e)
-        raise CommitFailedException("too many concurrent commits")
+        commit_offsets(self.catalog, self.config.identifier, self.topic, data, start, new)
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -310,16 +273,3 @@ class TableWriter:
             "last_error": self.last_error,
             "partitions": parts,
         }
-
-
-def _covers(table: Table, schema: pa.Schema) -> bool:
-    """Does the table's schema already hold every column (and nested field) of `schema`?"""
-    from tabletopic.convert import plain
-
-    have = {f.name: plain(f.type) for f in table.schema().as_arrow()}
-    for f in schema:
-        if f.name not in have:
-            return False
-        if plain(f.type) != have[f.name] and f.name != "_kafka":
-            return False
-    return True

@@ -16,6 +16,7 @@ from tests.ci_skips import (  # noqa: F401  (hooks: in CI a skip is a failure)
 )
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
+from tests.warehouses import warehouse  # noqa: F401  (Iceberg warehouse fixture)
 
 _buckets = itertools.count()
 

@@ -9,69 +9,20 @@ is deleted and an error is logged."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog import Catalog
-from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from tabletopic.catalog import open_catalog
 from tabletopic.orphans import remove_orphan_files
-from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
+from tests.warehouses import Warehouse
 
-_buckets = itertools.count()
 SCHEMA = pa.schema([pa.field("a", pa.int64())])
-
-
-@dataclass
-class Warehouse:
-    kind: str  # file | s3
-    url: str
-    catalog: Catalog
-    alias: str  # another spelling of the warehouse location (same files): s3a://, a symlink
-
-    def write_parquet(self, location: str, rows: list[int]) -> None:
-        """A Parquet file at `location`, written directly (no commit)."""
-        io = PyArrowFileIO(self.catalog.properties)
-        with io.new_output(location).create(overwrite=True) as f:
-            pq.write_table(pa.table({"a": rows}, schema=SCHEMA), f)
-
-
-@pytest.fixture(params=["file", "s3"])
-def warehouse(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Warehouse]:
-    if request.param == "file":
-        root = tmp_path / "warehouse"
-        root.mkdir()
-        (tmp_path / "alias").symlink_to(root)
-        url = root.as_uri()
-        alias = (tmp_path / "alias").as_uri()
-    else:
-        for k, v in TEST_AWS_ENV.items():
-            monkeypatch.setenv(k, v)
-        for k in UNSET_AWS_ENV:
-            monkeypatch.delenv(k, raising=False)
-        endpoint = request.getfixturevalue("s3_server")
-        bucket = f"orphans-{next(_buckets)}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
-            Bucket=bucket
-        )
-        url = f"s3://{bucket}/tables?endpoint={endpoint}&region=us-east-1&path_style=true"
-        alias = f"s3a://{bucket}/tables"
-    cat = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", url)
-    cat.create_namespace("ns")
-    yield Warehouse(request.param, url, cat, alias)
 
 
 def make_table(wh: Warehouse) -> Table:
@@ -99,7 +50,7 @@ def test_live_files_survive_a_sweep_of_age_zero(warehouse: Warehouse) -> None:
 def test_files_of_a_commit_that_never_happened_go_once_old_enough(warehouse: Warehouse) -> None:
     t = make_table(warehouse)
     orphan = f"{t.location()}/data/never-committed.parquet"
-    warehouse.write_parquet(orphan, [9, 9])
+    warehouse.write_parquet(orphan, pa.table({"a": [9, 9]}, schema=SCHEMA))
     assert remove_orphan_files(t, min_age_s=3600) == []  # too young: stays
     assert t.io.new_input(orphan).exists()
     removed = remove_orphan_files(t, min_age_s=0)
@@ -140,10 +91,10 @@ def test_references_spelled_differently_delete_nothing(
     )
     live = [f"{base}/data/added-{i}.parquet" for i in range(2)]
     for i, loc in enumerate(live):
-        warehouse.write_parquet(loc, [10 + i])
+        warehouse.write_parquet(loc, pa.table({"a": [10 + i]}, schema=SCHEMA))
     t.add_files(live)
     orphan = f"{t.location()}/data/never-committed.parquet"
-    warehouse.write_parquet(orphan, [9])
+    warehouse.write_parquet(orphan, pa.table({"a": [9]}, schema=SCHEMA))
     t = warehouse.catalog.load_table("ns.t")
     with caplog.at_level(logging.ERROR, logger="tabletopic.orphans"):
         assert remove_orphan_files(t, min_age_s=0) == []

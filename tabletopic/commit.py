@@ -1,0 +1,243 @@
+"""One exactly-once commit of a table topic: rows (and dead-lettered offsets) of the offset
+range [start, new) of some partitions, guarded so that it lands only on the table state it was
+built from.
+
+The table holds its position in the topic in the table property `floe.offsets` ({partition:
+next offset}); every floe commit also writes it into its snapshot's summary. The guarantee:
+
+    Every floe commit, with data or without (all its records went to the dead-letter topic),
+    adds a snapshot and makes it the current one, and sets `floe.offsets`, in one catalog
+    commit. Each is sent with explicit requirements: the table UUID, the current snapshot id
+    (`main`) and the current schema id of the metadata it read `floe.offsets` from (plus the
+    last column id when it evolves the schema). The catalog applies a commit only if the
+    requirements hold on the table's current metadata, by compare-and-swap on the metadata
+    location (SQL catalog) or atomically (REST catalog).
+
+    So if a floe commit C lands, no floe commit landed between C's read and C's commit: any
+    such commit would have changed the current snapshot id, and snapshot ids are never
+    reused. Hence `floe.offsets` at C's commit is the value C read and checked (every
+    partition C writes is at C's start offset), and C's rows are exactly the offsets between
+    the old and the new `floe.offsets`: no offset is written twice or skipped.
+    All-DLQ commits need the snapshot for this: a commit of properties alone leaves the
+    snapshot id unchanged, so two of them (or one and a data commit built on the same
+    snapshot) would both pass the check and the later would silently rewind or skip offsets.
+
+    Other writers' commits (a Spark rewrite or expiry: new snapshot, same properties) make
+    ours fail the snapshot requirement; we reload, check the offsets again (unchanged) and
+    rebuild on the new snapshot, up to `attempts` times. A floe commit by someone else makes
+    the re-check fail: StaleOffsets, the writer restarts from the table's offsets.
+    Outside the model: a rollback of `main` to an older snapshot id (an operator's act, which
+    leaves `floe.offsets` pointing past the rows rolled back) and hand edits of `floe.offsets`.
+
+What this rests on in pyiceberg (pinned in pyproject.toml, checked by tests/unit/
+test_table_commit.py): `Transaction` stages updates for an append / empty fast append, a schema
+union and properties, readable as `Transaction._updates`; `Catalog.commit_table(table,
+requirements, updates)` applies them under the requirements given. We check the staged updates
+before sending them (`check_updates`) and never call `Transaction.commit_transaction`, whose
+retries (pyiceberg >= 0.10 refreshes the table and rebuilds the snapshot on conflict) would
+drop our snapshot requirement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import ManifestEntryStatus
+from pyiceberg.table import Table
+from pyiceberg.table.update import (
+    AddSchemaUpdate,
+    AddSnapshotUpdate,
+    AssertCurrentSchemaId,
+    AssertLastAssignedFieldId,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetCurrentSchemaUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
+
+log = logging.getLogger(__name__)
+OFFSETS = "floe.offsets"
+MAIN = "main"
+
+
+class StaleOffsets(Exception):
+    """The table moved (another writer committed): start again from the table's offsets."""
+
+
+class UnexpectedUpdates(RuntimeError):
+    """pyiceberg staged something other than what a floe commit consists of (a pyiceberg
+    version this code was not made for): nothing was committed."""
+
+
+def table_offsets(table: Table) -> dict[int, int]:
+    raw = table.properties.get(OFFSETS)
+    return {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
+
+
+def encode_offsets(offsets: dict[int, int]) -> str:
+    return json.dumps({str(k): v for k, v in sorted(offsets.items())})
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A commit built on one loaded table: what to send, and under which requirements."""
+
+    table: Table
+    updates: tuple[TableUpdate, ...]
+    requirements: tuple[TableRequirement, ...]
+    snapshot_id: int  # the snapshot this commit adds
+    offsets: dict[int, int]  # floe.offsets after it
+
+
+def prepare(
+    table: Table,
+    topic: str,
+    data: pa.Table | None,
+    start: dict[int, int],
+    new: dict[int, int],
+) -> Prepared | None:
+    """Build the commit of offsets [start, new) (rows `data`, None: every record of the range
+    went to the dead-letter topic) on `table` as loaded. None: the table already holds exactly
+    these offsets (an earlier attempt landed though its answer was lost). Raises StaleOffsets
+    when the table is not at `start` for some partition (a partition the table does not know
+    yet may start anywhere). Writes the data files; sends nothing to the catalog."""
+    current = table_offsets(table)
+    if all(current.get(p) == o for p, o in new.items()):
+        return None
+    for p, o in start.items():
+        if current.get(p, o) != o:
+            raise StaleOffsets(f"partition {p}: table at {current.get(p)}, expected {o}")
+    offsets = {**current, **new}
+    encoded = encode_offsets(offsets)
+    meta = table.metadata
+    summary = {OFFSETS: encoded, "floe.topic": topic, "floe.commit-id": str(uuid.uuid4())}
+    tx = table.transaction()
+    evolve = data is not None and not covers(table, data.schema)
+    if data is not None:
+        if evolve:
+            with tx.update_schema() as update:
+                update.union_by_name(data.schema)
+        tx.append(data, snapshot_properties=summary)
+    else:
+        with tx.update_snapshot(snapshot_properties=summary).fast_append():
+            pass  # a snapshot without files: it carries the offsets (see the module docstring)
+    tx.set_properties({OFFSETS: encoded})
+    updates: tuple[TableUpdate, ...] = tx._updates
+    snapshot_id = check_updates(updates, meta.current_snapshot_id, encoded, evolve)
+    requirements: list[TableRequirement] = [
+        AssertTableUUID(uuid=meta.table_uuid),
+        AssertRefSnapshotId.model_validate({"ref": MAIN, "snapshot-id": meta.current_snapshot_id}),
+        AssertCurrentSchemaId.model_validate({"current-schema-id": meta.current_schema_id}),
+    ]
+    if evolve:
+        requirements.append(
+            AssertLastAssignedFieldId.model_validate(
+                {"last-assigned-field-id": meta.last_column_id}
+            )
+        )
+    return Prepared(table, updates, tuple(requirements), snapshot_id, offsets)
+
+
+def check_updates(
+    updates: tuple[TableUpdate, ...], parent: int | None, offsets: str, evolve: bool
+) -> int:
+    """The staged updates must be exactly: one new snapshot (child of `parent`, `floe.offsets`
+    in its summary) made current on `main`, `floe.offsets` set, and a schema change only if we
+    asked for one. Returns the new snapshot's id; raises UnexpectedUpdates otherwise."""
+    snaps = [u for u in updates if isinstance(u, AddSnapshotUpdate)]
+    refs = [u for u in updates if isinstance(u, SetSnapshotRefUpdate)]
+    props = [u for u in updates if isinstance(u, SetPropertiesUpdate)]
+    schema = [u for u in updates if isinstance(u, AddSchemaUpdate | SetCurrentSchemaUpdate)]
+    problems = []
+    if len(snaps) != 1 or snaps[0].snapshot.parent_snapshot_id != parent:
+        problems.append("not one new snapshot on the current one")
+    elif (summary := snaps[0].snapshot.summary) is None or summary[OFFSETS] != offsets:
+        problems.append("snapshot summary without the offsets")
+    new_id = snaps[0].snapshot.snapshot_id if snaps else None
+    if len(refs) != 1 or refs[0].ref_name != MAIN or refs[0].snapshot_id != new_id:
+        problems.append("the new snapshot is not made current on main")
+    if len(props) != 1 or props[0].updates != {OFFSETS: offsets}:
+        problems.append("floe.offsets not set")
+    if bool(schema) != evolve:
+        problems.append("unexpected schema change" if schema else "schema change missing")
+    if len(snaps) + len(refs) + len(props) + len(schema) != len(updates):
+        problems.append("other updates: " + ", ".join(sorted({type(u).__name__ for u in updates})))
+    if problems or new_id is None:
+        raise UnexpectedUpdates("; ".join(problems))
+    return new_id
+
+
+def send(catalog: Catalog, prepared: Prepared) -> None:
+    """Send one prepared commit to the catalog. CommitFailedException: a requirement did not
+    hold (the table moved): the commit did not land, and its files are deleted."""
+    try:
+        catalog.commit_table(prepared.table, prepared.requirements, prepared.updates)
+    except CommitFailedException:
+        discard_files(prepared)
+        raise
+
+
+def discard_files(prepared: Prepared) -> None:
+    """Delete the files written for a commit that certainly did not land: its data files, new
+    manifests and its manifest list (best effort; the orphan sweep gets what is left)."""
+    io = prepared.table.io
+    (snap,) = [u.snapshot for u in prepared.updates if isinstance(u, AddSnapshotUpdate)]
+    paths = [snap.manifest_list]
+    try:
+        for m in snap.manifests(io):
+            if m.added_snapshot_id != prepared.snapshot_id:
+                continue
+            paths.append(m.manifest_path)
+            for e in m.fetch_manifest_entry(io, discard_deleted=False):
+                if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == prepared.snapshot_id:
+                    paths.append(e.data_file.file_path)
+        for path in paths:
+            io.delete(path)
+    except Exception as e:
+        log.warning("could not delete the files of a failed commit: %r", e)
+
+
+def commit_offsets(
+    catalog: Catalog,
+    identifier: tuple[str, str],
+    topic: str,
+    data: pa.Table | None,
+    start: dict[int, int],
+    new: dict[int, int],
+    attempts: int = 10,
+) -> None:
+    """Commit offsets [start, new) exactly once (see the module docstring): on a conflict the
+    table is reloaded, the offsets checked again and the commit rebuilt, at most `attempts`
+    times. Raises StaleOffsets, or CommitFailedException when every attempt lost a race."""
+    for attempt in range(1, attempts + 1):
+        prepared = prepare(catalog.load_table(identifier), topic, data, start, new)
+        if prepared is None:
+            return
+        try:
+            send(catalog, prepared)
+            return
+        except CommitFailedException as e:
+            log.info("table topic %s: commit conflict (%s), attempt %d", topic, e, attempt)
+    raise CommitFailedException(f"table topic {topic}: {attempts} commit attempts lost a race")
+
+
+def covers(table: Table, schema: pa.Schema) -> bool:
+    """Does the table's schema already hold every column (and nested field) of `schema`?"""
+    from tabletopic.convert import plain
+
+    have = {f.name: plain(f.type) for f in table.schema().as_arrow()}
+    for f in schema:
+        if f.name not in have:
+            return False
+        if plain(f.type) != have[f.name] and f.name != "_kafka":
+            return False
+    return True
