@@ -302,8 +302,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef(
             "table.orphan.min.age.ms",
             "long",
-            "900000",
-            "unreferenced table data files older than this are deleted",
+            "259200000",
+            "unreferenced table data files older than this are deleted (3 days, Iceberg's "
+            "default: longer than any commit, a Spark rewrite included, may take)",
             _nonneg,
         ),
         ConfigDef("group.min.session.timeout.ms", "int", "6000", check=_positive),

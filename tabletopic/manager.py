@@ -12,6 +12,7 @@ from pyiceberg.catalog import Catalog
 
 from broker.storage import Storage
 from tabletopic.config import TableTopicConfig
+from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.writer import TableWriter
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ class TableTopics:
         storage: Storage,
         catalog: Catalog,
         poll_s: float = 0.5,
-        orphan_min_age_s: float = 900.0,
+        orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
     ) -> None:
         self.storage = storage
         self.orphan_min_age_s = orphan_min_age_s

@@ -34,6 +34,7 @@ from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
+ORPHAN_MIN_AGE_S = 3 * 24 * 3600.0  # Iceberg's default; broker setting table.orphan.min.age.ms
 SCHEME_FAMILY = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "": "file"}
 
 

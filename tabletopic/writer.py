@@ -33,7 +33,7 @@ from tabletopic.commit import OFFSETS, StaleOffsets, commit_offsets, table_offse
 from tabletopic.config import TableTopicConfig
 from tabletopic.convert import Converter, Invalid
 from tabletopic.dlq import DeadLetters
-from tabletopic.orphans import remove_orphan_files
+from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
 
 __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
@@ -55,7 +55,11 @@ class PartitionState:
 
 class TableWriter:
     def __init__(
-        self, topic: str, storage: Storage, catalog: Catalog, orphan_min_age_s: float = 900.0
+        self,
+        topic: str,
+        storage: Storage,
+        catalog: Catalog,
+        orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
     ) -> None:
         self.topic = topic
         self.orphan_min_age_s = orphan_min_age_s
@@ -150,7 +154,9 @@ class TableWriter:
     async def _clean_orphans(self) -> None:
         """Data files of commits that never happened (a crash, a lost race) go after the
         safety age; checked at start and then every few minutes."""
-        self._next_orphan_check = time.monotonic() + max(60.0, self.orphan_min_age_s / 4)
+        self._next_orphan_check = time.monotonic() + min(
+            3600.0, max(60.0, self.orphan_min_age_s / 4)
+        )
         table = await asyncio.to_thread(self.catalog.load_table, self.config.identifier)
         await asyncio.to_thread(remove_orphan_files, table, self.orphan_min_age_s)
 
