@@ -5,6 +5,11 @@ offsets). A batch is checked against the *pending* view (which includes batches 
 made durable, since a producer pipelines requests); the *durable* view follows the log's
 commits and is what the pending view falls back to when a flush fails. The durable view is
 also what the metadata store keeps, so the checks survive restarts.
+
+Both views change synchronously with the log (`LogStore.on_durable` / `on_failed` call
+`durable_append` / `failed_streams` at the commit or the failure itself): were the reset left
+to future callbacks, a pipelined batch arriving in between would be checked against the failed
+batches, accepted, and land before their retries (a log out of sequence order).
 """
 
 from __future__ import annotations
@@ -109,9 +114,20 @@ class ProducerStates:
             BatchMeta(batch.first_seq, batch.last_seq, batch.base_offset, batch.last_offset),
         )
 
+    def durable_append(
+        self, stream_id: int, producer: tuple[int, int, int, int], base: int, last: int
+    ) -> None:
+        """The log committed an idempotent batch (producer id, epoch, first seq, last seq)."""
+        pid, epoch, first_seq, last_seq = producer
+        self.made_durable(stream_id, pid, epoch, BatchMeta(first_seq, last_seq, base, last))
+
     def failed(self, stream_id: int) -> None:
         """A flush failed: every in-flight batch of the stream failed with it."""
         self.pending[stream_id] = copy.deepcopy(self.durable.get(stream_id, {}))
+
+    def failed_streams(self, stream_ids: set[int]) -> None:
+        for sid in stream_ids:
+            self.failed(sid)
 
     def drop_stream(self, stream_id: int) -> None:
         self.pending.pop(stream_id, None)

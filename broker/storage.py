@@ -7,6 +7,7 @@ only this module's interface, so other engines can sit behind it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -17,10 +18,21 @@ from broker.config import ConfigError, topic_config_value, validate_topic_config
 from broker.errors import ErrorCode, KafkaError
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
-from s3stream.log import LogStore, StreamWriteError, UnknownStreamError, WalSettings, now_ms
+from s3stream.log import (
+    READ_ATTEMPTS,
+    ChunkData,
+    LogStore,
+    OffsetOutOfRangeError,
+    ReadRaceError,
+    StreamWriteError,
+    UnknownStreamError,
+    WalSettings,
+    now_ms,
+)
 from s3stream.metadata import MetadataError, SqliteMetadataStore, TopicRow
-from s3stream.objectstore import ObjectStore
+from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 
+log = logging.getLogger(__name__)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
 
@@ -64,6 +76,8 @@ class Storage:
         self.topics_by_id: dict[uuid.UUID, Topic] = {}
         self.cluster_id = ""
         self.producers = ProducerStates()
+        self.log.on_durable = self.producers.durable_append  # synchronous: see producers.py
+        self.log.on_failed = self.producers.failed_streams
         self._topic_lock = asyncio.Lock()
 
     async def open(self) -> None:
@@ -245,17 +259,11 @@ class Storage:
         last: int,
         result: asyncio.Future[AppendResult],
     ) -> None:
+        """Add the batch to the pending view; the log moves it to the durable view when it is
+        committed, or resets the stream's pending view when a flush fails (synchronously,
+        LogStore.on_durable / on_failed), never later from a callback of `result`."""
         pid, epoch, first_seq, last_seq = producer
-        batch = BatchMeta(first_seq, last_seq, base, last, result)
-        self.producers.appended(sid, pid, epoch, batch)
-
-        def done(f: asyncio.Future[AppendResult]) -> None:
-            if f.exception() is None:
-                self.producers.made_durable(sid, pid, epoch, batch)
-            else:
-                self.producers.failed(sid)
-
-        result.add_done_callback(done)
+        self.producers.appended(sid, pid, epoch, BatchMeta(first_seq, last_seq, base, last, result))
 
     def _duplicate(self, dup: Duplicate) -> asyncio.Future[AppendResult]:
         out: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
@@ -292,44 +300,56 @@ class Storage:
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> bytes:
         """Whole batches from the one holding `offset`, within max_bytes (at least one batch
-        if must_return_one). Raises OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
+        if must_return_one). Raises OFFSET_OUT_OF_RANGE outside [log start, high watermark].
+        What is served is checked (see `serve_batches`); a read that raced a chunk swap is made
+        again from a fresh snapshot, and answered KAFKA_STORAGE_ERROR (retriable) if it keeps
+        racing: a gap is never served."""
         sid = self.stream_id(topic, partition)
-        st = self.log.stream(sid)
-        if offset < st.start_offset or offset > st.end_offset:
-            raise KafkaError(
-                ErrorCode.offset_out_of_range,
-                f"offset {offset} not in [{st.start_offset}, {st.end_offset}]",
-            )
-        chunks = await self.log.read(sid, offset, max_bytes)
-        parts: list[memoryview] = []
-        total = 0
-        for _base, data in chunks:
-            for h in records.iter_headers(data):
-                if h.next_offset <= offset:
-                    continue
-                if total + h.size > max_bytes and (parts or not must_return_one):
-                    return b"".join(parts)
-                parts.append(memoryview(data)[h.position : h.position + h.size])
-                total += h.size
-        return b"".join(parts)
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            st = self.log.stream(sid)
+            if offset < st.start_offset or offset > st.end_offset:
+                raise KafkaError(
+                    ErrorCode.offset_out_of_range,
+                    f"offset {offset} not in [{st.start_offset}, {st.end_offset}]",
+                )
+            try:
+                chunks = await self.log.read_chunks(sid, offset, max_bytes)
+                return serve_batches(chunks, offset, max_bytes, must_return_one)
+            except OffsetOutOfRangeError as e:  # retention moved the log start meanwhile
+                raise KafkaError(ErrorCode.offset_out_of_range, str(e)) from None
+            except ReadRaceError as e:
+                if attempt == READ_ATTEMPTS:
+                    log.error("read of %s-%d at %d: %s", topic, partition, offset, e)
+                    raise KafkaError(ErrorCode.kafka_storage_error, str(e)) from None
+        raise AssertionError("unreachable")
 
     async def offset_for_time(
         self, topic: str, partition: int, timestamp: int
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp`; for -3 the
-        record with the largest timestamp. None when there is none."""
+        record with the largest timestamp. None when there is none. Looks at a snapshot of the
+        chunk list, and again at a fresh one if a chunk's object was deleted meanwhile."""
         sid = self.stream_id(topic, partition)
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                return await self._offset_for_time(sid, timestamp)
+            except ObjectNotFoundError as e:
+                if attempt == READ_ATTEMPTS:
+                    raise KafkaError(ErrorCode.kafka_storage_error, repr(e)) from None
+        raise AssertionError("unreachable")
+
+    async def _offset_for_time(self, sid: int, timestamp: int) -> tuple[int, int] | None:
         st = self.log.stream(sid)
+        chunks = st.chunks  # a snapshot (s3stream.log.Stream): st.chunks is not used again
         if timestamp == -3:
-            if not st.chunks:
+            if not chunks:
                 return None
-            best = max(st.chunks, key=lambda c: c.max_timestamp)
-            candidates = [best]
-        else:
-            first = self.log.find_chunk_by_time(sid, timestamp)
+            candidates = [max(chunks, key=lambda c: c.max_timestamp)]
+        else:  # the first chunk that has a record at or after `timestamp`
+            first = next((i for i, c in enumerate(chunks) if c.max_timestamp >= timestamp), None)
             if first is None:
                 return None
-            candidates = st.chunks[st.chunks.index(first) :]
+            candidates = chunks[first:]
         found: tuple[int, int] | None = None
         for c in candidates:
             data = await self.log.chunk_data(c)
@@ -353,3 +373,32 @@ class Storage:
             if t is not None and 0 <= partition < len(t.streams):
                 sids.append(t.streams[partition])
         await self.log.wait_for_append(sids, timeout)
+
+
+def serve_batches(
+    chunks: list[ChunkData], offset: int, max_bytes: int, must_return_one: bool
+) -> bytes:
+    """The batches of contiguous `chunks` (LogStore.read_chunks) from the one holding `offset`,
+    within max_bytes (at least one if must_return_one). Raises ReadRaceError, serving nothing,
+    unless every batch lies inside its chunk's offset range and starts after the previous one
+    ends. A batch may start after `offset`, or after the previous batch's end, only where
+    compaction (cleanup.policy=compact) dropped records; that no chunk was skipped is what the
+    chunks' contiguity proves."""
+    parts: list[memoryview] = []
+    total = 0
+    after = -1  # the offset following the last batch seen
+    for c in chunks:
+        for h in records.iter_headers(c.data):
+            if h.base_offset < max(c.base_offset, after) or h.last_offset > c.last_offset:
+                raise ReadRaceError(
+                    f"batch [{h.base_offset}, {h.last_offset}] out of place in chunk"
+                    f" [{c.base_offset}, {c.last_offset}] after offset {after - 1}"
+                )
+            after = h.next_offset
+            if h.next_offset <= offset:
+                continue
+            if total + h.size > max_bytes and (parts or not must_return_one):
+                return b"".join(parts)
+            parts.append(memoryview(c.data)[h.position : h.position + h.size])
+            total += h.size
+    return b"".join(parts)

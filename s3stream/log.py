@@ -8,8 +8,15 @@ Contract (what the broker relies on):
 - If a flush fails for good, every pending append of the affected streams fails with
   `StreamWriteError` and those streams' next offset goes back to their durable end offset:
   an offset is never handed out twice (AutoMQ #3033 is the bug not to have).
-- `read` returns whole chunks (the bytes of one append group) covering `offset` onwards; the
-  layer above knows the record format and trims.
+- `read_chunks` returns whole chunks covering `offset` onwards, contiguous: the first holds
+  `offset` and each next one starts right after the previous one's last offset. It works on a
+  snapshot of the stream's chunk list (compaction and retention swap that list while a read
+  waits for the object store) and reads again from a fresh snapshot when an object went away or
+  the chunks are not contiguous; a gap is never returned. The layer above knows the record
+  format and trims.
+- Listeners see producer bookkeeping synchronously: `on_durable` for every idempotent append
+  the moment it is committed, `on_failed` with the streams whose appends failed, before any
+  future of theirs resolves (nothing can be checked against a stale view in between).
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from s3stream import walformat
 from s3stream.metadata import ChunkRow, ProducerBatchRow, SqliteMetadataStore, StreamRow
@@ -38,6 +47,18 @@ class UnknownStreamError(KeyError):
     pass
 
 
+class ReadRaceError(Exception):
+    """What a read found is not contiguous, or an object it needed is gone: chunks were swapped
+    underneath it. Retriable: read again from a fresh snapshot; never serve what was found."""
+
+
+class OffsetOutOfRangeError(Exception):
+    """The offset is below the stream's log start (retention moved it during the read)."""
+
+
+READ_ATTEMPTS = 5  # a read that keeps racing chunk swaps gives up (retriable) after this many
+
+
 @dataclass(slots=True)
 class Chunk:
     base_offset: int
@@ -48,8 +69,36 @@ class Chunk:
     max_timestamp: int
 
 
+class ChunkData(NamedTuple):
+    """One chunk as read: its offset range and its bytes (whole record batches)."""
+
+    base_offset: int
+    last_offset: int
+    data: bytes
+
+
+def check_contiguous(chunks: list[ChunkData], offset: int) -> None:
+    """Raise ReadRaceError unless the first chunk holds `offset` and each next one starts right
+    after the previous one's last offset."""
+    if chunks and not chunks[0].base_offset <= offset <= chunks[0].last_offset:
+        raise ReadRaceError(
+            f"read of {offset} starts at chunk [{chunks[0].base_offset}, {chunks[0].last_offset}]"
+        )
+    for prev, nxt in itertools.pairwise(chunks):
+        if nxt.base_offset != prev.last_offset + 1:
+            raise ReadRaceError(
+                f"chunk [{nxt.base_offset}, {nxt.last_offset}] follows one ending at"
+                f" {prev.last_offset}"
+            )
+
+
 @dataclass(eq=False, slots=True)
 class Stream:
+    """A stream's state. `chunks` (with `bases`, their base offsets) is copy-on-write: compaction
+    and retention assign new lists, never edit one in place; commits only append at the end.
+    So a reader may keep `st.chunks` across an await as a consistent snapshot (an index into
+    it stays valid), but must never index `st.chunks` again after an await."""
+
     stream_id: int
     start_offset: int
     end_offset: int  # durable: every offset below it is committed
@@ -72,6 +121,11 @@ class Stream:
     def chunk_index(self, offset: int) -> int:
         """Index of the chunk holding `offset` (offset must be in [start, end))."""
         return max(0, bisect.bisect_right(self.bases, offset) - 1)
+
+    def set_chunks(self, chunks: list[Chunk]) -> None:
+        """Replace the chunk list (a new list: snapshots readers hold stay as they were)."""
+        self.chunks = chunks
+        self.bases = [c.base_offset for c in chunks]
 
 
 @dataclass(slots=True)
@@ -136,6 +190,9 @@ class LogStore:
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self.flushes = 0
+        # producer bookkeeping, called synchronously (see the module docstring)
+        self.on_durable: Callable[[int, tuple[int, int, int, int], int, int], None] | None = None
+        self.on_failed: Callable[[set[int]], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self, streams: Iterable[StreamRow], chunks: Iterable[ChunkRow]) -> None:
@@ -245,6 +302,9 @@ class LogStore:
         self._pending_bytes = sum(len(p.data) for p in self._pending)
         for p in batch + later:
             p.stream.next_offset = p.stream.end_offset
+        if self.on_failed is not None:  # before any future resolves: no stale window
+            self.on_failed(streams)
+        for p in batch + later:
             if not p.future.done():
                 p.future.set_exception(StreamWriteError(f"not made durable: {err!r}"))
 
@@ -274,8 +334,7 @@ class LogStore:
                 if c.stream_id == sid
             ]
             kept.sort(key=lambda c: c.base_offset)
-            st.chunks = kept
-            st.bases = [c.base_offset for c in kept]
+            st.set_chunks(kept)
 
     def forget_objects(self, object_ids: list[int]) -> None:
         for oid in object_ids:
@@ -286,9 +345,7 @@ class LogStore:
         st = self.stream(stream_id)
         start = await self.meta.truncate(stream_id, min(start_offset, st.end_offset))
         st.start_offset = max(st.start_offset, start)
-        kept = [c for c in st.chunks if c.last_offset >= st.start_offset]
-        st.chunks = kept
-        st.bases = [c.base_offset for c in kept]
+        st.set_chunks([c for c in st.chunks if c.last_offset >= st.start_offset])
         return st.start_offset
 
     async def _object_id(self) -> int:
@@ -350,6 +407,9 @@ class LogStore:
             self.cache.put((object_id, row.position), data)
             self._wake_readers(st)
         for p in batch:
+            if p.producer is not None and p.stream.stream_id in live and self.on_durable:
+                self.on_durable(p.stream.stream_id, p.producer, p.base_offset, p.last_offset)
+        for p in batch:
             if p.future.done():
                 continue
             if p.stream.stream_id in live:
@@ -359,37 +419,66 @@ class LogStore:
 
     # -- reads -----------------------------------------------------------------------------
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        """Chunks (base offset, bytes) from the one holding `offset`, at least one, until
-        `max_bytes` is reached. Empty when offset is at or past the end."""
-        try:
-            return await self._read(stream_id, offset, max_bytes)
-        except ObjectNotFoundError:  # compaction replaced and deleted it meanwhile: once more
-            return await self._read(stream_id, offset, max_bytes)
+        """(base offset, bytes) of `read_chunks`."""
+        chunks = await self.read_chunks(stream_id, offset, max_bytes)
+        return [(c.base_offset, c.data) for c in chunks]
 
-    async def _read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
+    async def read_chunks(self, stream_id: int, offset: int, max_bytes: int) -> list[ChunkData]:
+        """Contiguous chunks from the one holding `offset`, at least one, until `max_bytes` is
+        reached; empty when offset is at or past the end. Raises OffsetOutOfRangeError below
+        the log start, ReadRaceError when READ_ATTEMPTS snapshots in a row raced a swap."""
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                out = await self._read(stream_id, offset, max_bytes)
+                check_contiguous(out, offset)
+                return out
+            except (ObjectNotFoundError, ReadRaceError) as e:
+                # compaction or retention swapped the chunks (and maybe deleted the objects)
+                log.info("read of stream %d at %d raced a chunk swap (attempt %d): %r",
+                         stream_id, offset, attempt, e)
+                if attempt == READ_ATTEMPTS:
+                    raise ReadRaceError(str(e)) from e
+        raise AssertionError("unreachable")
+
+    async def _read(self, stream_id: int, offset: int, max_bytes: int) -> list[ChunkData]:
         st = self.stream(stream_id)
-        if offset >= st.end_offset or not st.chunks:
+        chunks, bases = st.chunks, st.bases  # a snapshot: see Stream
+        if offset < st.start_offset:
+            raise OffsetOutOfRangeError(f"offset {offset} is below the log start {st.start_offset}")
+        if offset >= st.end_offset or not chunks:
             return []
-        i = st.chunk_index(offset)
-        out: list[tuple[int, bytes]] = []
+        i = max(0, bisect.bisect_right(bases, offset) - 1)
+        out: list[ChunkData] = []
         total = 0
-        while i < len(st.chunks) and (not out or total < max_bytes):
-            c = st.chunks[i]
+        while i < len(chunks) and (not out or total < max_bytes):
+            c = chunks[i]
             data = self.cache.get((c.object_id, c.position))
             if data is None:
-                data = await self._read_ahead(st, i)
-            out.append((c.base_offset, bytes(data) if isinstance(data, bytearray) else data))
+                data = await self._read_ahead(chunks, i)
+            out.append(
+                ChunkData(
+                    c.base_offset,
+                    c.last_offset,
+                    bytes(data) if isinstance(data, bytearray) else data,
+                )
+            )
             total += len(data)
             i += 1
         return out
 
-    async def _read_ahead(self, st: Stream, i: int) -> bytes | bytearray:
-        """Read chunk i with one range GET that also covers the following chunks stored right
-        after it in the same object (up to the read-ahead budget), caching all of them:
-        catch-up readers then find the next chunks in memory."""
-        first = st.chunks[i]
+    def _key(self, object_id: int) -> str:
+        key = self._object_keys.get(object_id)
+        if key is None:  # the GC deleted the object and forgot it: the chunk was replaced
+            raise ObjectNotFoundError(f"object {object_id}")
+        return key
+
+    async def _read_ahead(self, chunks: list[Chunk], i: int) -> bytes | bytearray:
+        """Read chunks[i] (of a snapshot) with one range GET that also covers the following
+        chunks stored right after it in the same object (up to the read-ahead budget), caching
+        all of them: catch-up readers then find the next chunks in memory."""
+        first = chunks[i]
         run = [first]
-        for c in st.chunks[i + 1 :]:
+        for c in chunks[i + 1 :]:
             prev = run[-1]
             if (
                 c.object_id != first.object_id
@@ -401,7 +490,7 @@ class LogStore:
             run.append(c)
         end = run[-1].position + run[-1].length
         blob = await self.objects.get_range(
-            self._object_keys[first.object_id], first.position, end - first.position
+            self._key(first.object_id), first.position, end - first.position
         )
         for c in run:
             self.cache.put(
@@ -410,25 +499,15 @@ class LogStore:
             )
         return blob[: first.length]
 
-    async def _chunk_bytes(self, c: Chunk) -> bytes | bytearray:
+    async def chunk_data(self, c: Chunk) -> bytes | bytearray:
+        """The bytes of one chunk (of a snapshot); ObjectNotFoundError if it was replaced and
+        its object deleted meanwhile (take a fresh snapshot and look again)."""
         key = (c.object_id, c.position)
         data = self.cache.get(key)
         if data is None:
-            data = await self.objects.get_range(
-                self._object_keys[c.object_id], c.position, c.length
-            )
+            data = await self.objects.get_range(self._key(c.object_id), c.position, c.length)
             self.cache.put(key, data)
         return data
-
-    def find_chunk_by_time(self, stream_id: int, timestamp: int) -> Chunk | None:
-        """The first chunk whose max timestamp is >= timestamp."""
-        for c in self.stream(stream_id).chunks:
-            if c.max_timestamp >= timestamp:
-                return c
-        return None
-
-    async def chunk_data(self, c: Chunk) -> bytes | bytearray:
-        return await self._chunk_bytes(c)
 
     # -- waiting for data ------------------------------------------------------------------
     def _wake_readers(self, st: Stream) -> None:

@@ -1,0 +1,103 @@
+"""Reads that wait for the object store while compaction swaps the chunk list underneath.
+
+What must survive: a read returns contiguous chunks starting at the one holding the offset,
+whatever the chunk list became while it waited; when the objects it was reading were replaced
+and deleted meanwhile, it reads again from the current chunks; a gap is never returned."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from s3stream.log import Chunk, ChunkData, LogStore, ReadRaceError, WalSettings, check_contiguous
+from s3stream.metadata import ChunkRow, SqliteMetadataStore
+from s3stream.objectstore import MemoryObjectStore
+
+
+class GatedStore(MemoryObjectStore):
+    """Range GETs wait at the gate while it is closed; `waiting` is set when one does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = asyncio.Event()
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        if not self.gate.is_set():
+            self.waiting.set()
+            await self.gate.wait()
+        return await super().get_range(key, start, length)
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[LogStore, GatedStore, int]]:
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    _t, streams = await meta.create_topic("t", 1, {})
+    store = GatedStore()
+    log = LogStore(store, meta, WalSettings(cache_max_bytes=0, readahead_bytes=0))
+    await log.open(streams, [])
+    sid = streams[0].stream_id
+    st = log.stream(sid)
+    for i in range(5):  # five WAL-like chunks of 10 offsets, each in its own object
+        await store.put(f"wal/{i}", bytes([i]) * 100)
+        log._object_keys[i] = f"wal/{i}"
+        st.add_chunk(Chunk(i * 10, i * 10 + 9, i, 0, 100, 0))
+    st.end_offset = st.next_offset = 50
+    yield log, store, sid
+    await log.close()
+    await meta.close()
+
+
+def rows(sid: int, *chunks: tuple[int, int, int, int, int]) -> list[ChunkRow]:
+    return [ChunkRow(sid, b, last, oid, pos, n, 0) for b, last, oid, pos, n in chunks]
+
+
+async def compact_first_three(log: LogStore, store: GatedStore, sid: int) -> None:
+    """Chunks 0..2 (offsets 0..29) move into one stream object chunk, as compaction does."""
+    await store.put("stream/merged", b"".join(bytes([i]) * 100 for i in range(3)))
+    old = rows(sid, *((i * 10, i * 10 + 9, i, 0, 100) for i in range(3)))
+    log.replace_chunks(rows(sid, (0, 29, 10, 0, 300)), old, {10: "stream/merged"})
+
+
+async def test_a_read_waiting_on_a_get_does_not_skip_when_chunks_are_swapped(
+    env: tuple[LogStore, GatedStore, int],
+) -> None:
+    log, store, sid = env
+    store.gate.clear()
+    read = asyncio.create_task(log.read(sid, 20, 10_000))  # from chunk 2 onwards
+    await asyncio.wait_for(store.waiting.wait(), 5)  # it waits for chunk 2's GET
+    await compact_first_three(log, store, sid)  # the list shrinks from 5 chunks to 3
+    store.gate.set()
+    got = await asyncio.wait_for(read, 5)
+    assert got == [(20, bytes([2]) * 100), (30, bytes([3]) * 100), (40, bytes([4]) * 100)]
+
+
+async def test_a_read_of_a_deleted_object_reads_the_replacement(
+    env: tuple[LogStore, GatedStore, int],
+) -> None:
+    log, store, sid = env
+    store.gate.clear()
+    read = asyncio.create_task(log.read_chunks(sid, 20, 150))
+    await asyncio.wait_for(store.waiting.wait(), 5)
+    await compact_first_three(log, store, sid)
+    for i in range(3):  # the GC deletes the replaced objects and forgets them
+        await store.delete(f"wal/{i}")
+    log.forget_objects([0, 1, 2])
+    store.gate.set()
+    got = await asyncio.wait_for(read, 5)
+    # read again from the current list: the stream object's chunk holds offset 20
+    assert [(c.base_offset, c.last_offset) for c in got][:1] == [(0, 29)]
+    check_contiguous(got, 20)
+
+
+def test_contiguity_check() -> None:
+    check_contiguous([ChunkData(0, 9, b""), ChunkData(10, 19, b"")], 5)
+    with pytest.raises(ReadRaceError):
+        check_contiguous([ChunkData(0, 9, b""), ChunkData(11, 19, b"")], 5)  # a gap
+    with pytest.raises(ReadRaceError):
+        check_contiguous([ChunkData(10, 19, b"")], 5)  # does not hold the offset
