@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.config import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigDef, canonical_topic_config
+from broker.config import (
+    BROKER_CONFIGS,
+    TOPIC_BROKER_DEFAULTS,
+    TOPIC_CONFIGS,
+    ConfigDef,
+    canonical_topic_config,
+)
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
@@ -24,14 +30,24 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
 def _entry(
-    head: RequestHead, req: Any, d: ConfigDef, value: str | None, source: int, read_only: bool
+    head: RequestHead,
+    req: Any,
+    d: ConfigDef,
+    value: str | None,
+    source: int,
+    read_only: bool,
+    chain: tuple[tuple[str, str | None, int], ...] | None = None,
 ) -> Any:
+    """One config of a DescribeConfigs answer; `chain` lists its synonyms, most specific
+    first (name, value, source), like Kafka's (default: this key at `source`, then default)."""
     synonyms: tuple[Any, ...] = ()
     if getattr(req, "include_synonyms", False):
         syn = nested(head, "DescribeConfigsSynonym")
-        synonyms = (build(syn, name=d.name, value=value, source=source),)
-        if source != SOURCE_DEFAULT:
-            synonyms += (build(syn, name=d.name, value=d.default, source=SOURCE_DEFAULT),)
+        if chain is None:
+            chain = ((d.name, value, source),)
+            if source != SOURCE_DEFAULT:
+                chain += ((d.name, d.default, SOURCE_DEFAULT),)
+        synonyms = tuple(build(syn, name=n, value=v, source=s) for n, v, s in chain)
     return build(
         nested(head, "DescribeConfigsResourceResult"),
         name=d.name,
@@ -57,9 +73,7 @@ async def describe_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> A
                 topic = ctx.storage.topic(r.resource_name)
                 for name, d in sorted(TOPIC_CONFIGS.items()):
                     if keys is None or name in keys:
-                        set_value = topic.configs.get(name)
-                        source = SOURCE_TOPIC if set_value is not None else SOURCE_DEFAULT
-                        entries.append(_entry(head, req, d, set_value or d.default, source, False))
+                        entries.append(_topic_entry(ctx, head, req, topic.configs, d))
             elif r.resource_type == BROKER:
                 if r.resource_name not in ("", str(ctx.node_id)):
                     raise KafkaError(
@@ -97,6 +111,27 @@ async def describe_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> A
             )
         )
     return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))
+
+
+def _topic_entry(
+    ctx: BrokerContext, head: RequestHead, req: Any, configs: dict[str, str], d: ConfigDef
+) -> Any:
+    """A topic config as Kafka describes it: set on the topic (TOPIC_CONFIG), else from its
+    broker synonym (e.g. message.max.bytes: STATIC_BROKER_CONFIG if the broker setting was
+    given, else DEFAULT_CONFIG with the broker's default)."""
+    chain: list[tuple[str, str | None, int]] = []
+    set_value = configs.get(d.name)
+    if set_value is not None:
+        chain.append((d.name, set_value, SOURCE_TOPIC))
+    broker_key = TOPIC_BROKER_DEFAULTS.get(d.name)
+    if broker_key is not None:
+        if ctx.settings.sources.get(broker_key, "default") != "default":
+            chain.append((broker_key, _fmt(ctx.settings[broker_key]), SOURCE_STATIC_BROKER))
+        chain.append((broker_key, BROKER_CONFIGS[broker_key].default, SOURCE_DEFAULT))
+    else:
+        chain.append((d.name, d.default, SOURCE_DEFAULT))
+    _, value, source = chain[0]
+    return _entry(head, req, d, value, source, False, tuple(chain))
 
 
 def _fmt(value: Any) -> str:

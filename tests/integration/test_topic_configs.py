@@ -1,0 +1,345 @@
+"""Topic configs that floe promises are applied, seen through real clients on a real broker
+(local object store and S3): log compaction, keyless produce to a compacted topic,
+compact+delete retention, compression.type, message.max.bytes, message.timestamp.*."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
+
+from broker.protocol import records
+from broker.protocol.recordcodec import decode_records
+from tests.brokerproc import BrokerProcess
+from tests.integration.test_bad_input import fetch
+from tests.rawclient import RawClient
+from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
+
+pytestmark = pytest.mark.integration
+
+FAST = [
+    "--set", "compaction.interval.ms=300", "--set", "compaction.min.age.ms=0",
+    "--set", "objects.gc.delay.ms=500", "--set", "log.retention.check.interval.ms=300",
+    "--set", "log.cleaner.backoff.ms=300",
+]
+_buckets = itertools.count()
+
+
+@pytest.fixture(params=["file", "s3"])
+def make_broker(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., BrokerProcess]]:
+    """Start a broker with extra flags, on the local object store or on S3 (moto)."""
+    started: list[BrokerProcess] = []
+
+    def start(*extra: str) -> BrokerProcess:
+        args: list[str] = [*FAST, *extra]
+        env: dict[str, str] = {}
+        if request.param == "s3":
+            endpoint = request.getfixturevalue("s3_server")
+            bucket = f"floe-cfg-{next(_buckets)}-{random.randrange(1 << 30)}"
+            client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                  aws_access_key_id="testing", aws_secret_access_key="testing")
+            client.create_bucket(Bucket=bucket)
+            client.close()
+            args += ["--object-store", f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"]
+            env = dict(TEST_AWS_ENV)
+            for k in UNSET_AWS_ENV:
+                env[k] = ""
+        b = BrokerProcess(data_dir=tmp_path / "floe-data", extra_args=args, env=env).start()
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        b.stop()
+
+
+Log = list[tuple[int, bytes | None, bytes | None]]
+
+
+def read_log(bootstrap: str, topic: str, start: int = 0) -> Log:
+    """(offset, key, value) of every record of partition 0 from `start` to the high watermark."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "cfg-check",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, 0, start)])
+        out: Log = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            err = m.error()
+            if err is not None:
+                assert err.code() == KafkaError._PARTITION_EOF, err
+                return out
+            out.append((m.offset(), m.key(), m.value()))
+        raise AssertionError(f"did not reach the end of {topic}; got {len(out)} records")
+    finally:
+        c.close()
+
+
+def produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes | None]],
+            **conf: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Produce in order; returns (offset, key, value) from the delivery reports."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **conf})
+    done: list[tuple[int, bytes | None, bytes | None]] = []
+    errors: list[KafkaError] = []
+
+    def report(err: KafkaError | None, msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            done.append((msg.offset(), msg.key(), msg.value()))  # type: ignore[attr-defined]
+
+    for key, value in items:
+        p.produce(topic, key=key, value=value, on_delivery=report)
+        p.poll(0)
+    assert p.flush(30) == 0
+    assert not errors, errors
+    return sorted(done, key=lambda d: d[0])
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def stored_bytes(broker: BrokerProcess, topic: str) -> int:
+    """Bytes of the topic's chunks in the metadata index (the same for both object stores)."""
+    db = sqlite3.connect(broker.data_dir / "meta.db", timeout=10)
+    try:
+        (n,) = db.execute(
+            "SELECT coalesce(sum(c.length), 0) FROM chunks c JOIN streams s USING (stream_id)"
+            " WHERE s.topic=? AND s.deleted=0 AND c.last_offset >= s.start_offset", (topic,)
+        ).fetchone()
+        return int(n)
+    finally:
+        db.close()
+
+
+def latest_per_key(written: Log) -> dict[bytes | None, tuple[int, bytes | None]]:
+    out: dict[bytes | None, tuple[int, bytes | None]] = {}
+    for off, k, v in written:
+        out[k] = (off, v)
+    return out
+
+
+def as_map(log: Log) -> dict[bytes | None, tuple[int, bytes | None]]:
+    return {k: (off, v) for off, k, v in log}
+
+
+def updates(keys: int, rounds: int, delete_every: int) -> list[tuple[bytes | None, bytes | None]]:
+    items: list[tuple[bytes | None, bytes | None]] = []
+    for r in range(rounds):
+        for k in range(keys):
+            last = r == rounds - 1
+            value = None if last and k % delete_every == 0 else b"v%d-%d" % (k, r) * 20
+            items.append((b"key-%04d" % k, value))
+    return items
+
+
+def test_compacted_topic_keeps_the_latest_value_per_key(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: a librdkafka consumer from offset 0 of a compacted topic sees exactly the
+    latest record of every key at the offset it was acknowledged at (offsets strictly
+    increasing), tombstones until delete.retention.ms after the cleaning, then not; fewer
+    bytes are stored; a fetch at a cleaned-away offset starts at the next surviving record."""
+    broker = make_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("changelog", 1, 1, config={
+        "cleanup.policy": "compact", "delete.retention.ms": "10000",
+    })])["changelog"].result(10)
+    written = produce(broker.bootstrap, "changelog", updates(200, 8, 5))
+    latest = latest_per_key(written)
+    payload = sum(len(k or b"") + len(v or b"") for _, k, v in written)
+    state: dict[str, Log] = {}
+
+    def cleaned() -> bool:
+        state["log"] = read_log(broker.bootstrap, "changelog")
+        return len(state["log"]) == len(latest)
+
+    wait_until(cleaned, 40, "the cleaner to keep one record per key")
+    log = state["log"]
+    offsets = [off for off, _, _ in log]
+    assert offsets == sorted(set(offsets))
+    assert as_map(log) == latest
+    assert any(v is None for _, _, v in log), "tombstones removed before delete.retention.ms"
+    assert stored_bytes(broker, "changelog") < payload / 4
+    gone = written[3][0]  # an early update, superseded
+    assert gone not in offsets
+    assert read_log(broker.bootstrap, "changelog", start=gone)[0][0] == min(
+        o for o in offsets if o > gone
+    )
+
+    def tombstones_gone() -> bool:
+        state["log"] = read_log(broker.bootstrap, "changelog")
+        return all(v is not None for _, _, v in state["log"])
+
+    wait_until(tombstones_gone, 40, "tombstones to be removed after delete.retention.ms")
+    assert as_map(state["log"]) == {k: v for k, v in latest.items() if v[1] is not None}
+
+
+def test_keyless_records_are_rejected_by_compacted_topics(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: producing a keyless record to a compacted topic fails with INVALID_RECORD
+    (87) and appends nothing; keyed records and keyless records to other topics still work."""
+    broker = make_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("cmp", 1, 1, config={"cleanup.policy": "compact"}),
+                         NewTopic("plain", 1, 1)])["cmp"].result(10)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0})
+    errors: list[KafkaError | None] = []
+    p.produce("cmp", value=b"no key", on_delivery=lambda err, _m: errors.append(err))
+    assert p.flush(20) == 0
+    assert errors and errors[0] is not None and errors[0].code() == KafkaError.INVALID_RECORD
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "w"})
+    try:
+        assert c.get_watermark_offsets(TopicPartition("cmp", 0), 10) == (0, 0)
+    finally:
+        c.close()
+    produce(broker.bootstrap, "cmp", [(b"k", b"v")])
+    produce(broker.bootstrap, "plain", [(None, b"v")])
+    assert [(k, v) for _, k, v in read_log(broker.bootstrap, "cmp")] == [(b"k", b"v")]
+
+
+def test_compact_delete_topics_are_cleaned_and_expire(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: cleanup.policy=compact,delete gets both: duplicates are cleaned away and
+    retention.ms still moves the log start past expired records."""
+    broker = make_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("both", 1, 1, config={
+        "cleanup.policy": "compact,delete", "retention.ms": "12000",
+    })])["both"].result(10)
+    written = produce(broker.bootstrap, "both", updates(50, 4, 1000))
+    wait_until(lambda: len(read_log(broker.bootstrap, "both")) == 50, 30, "cleaning")
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "w"})
+    try:
+        end = written[-1][0] + 1
+        wait_until(lambda: c.get_watermark_offsets(TopicPartition("both", 0), 5) == (end, end),
+                   40, "retention to expire every record")
+    finally:
+        c.close()
+
+
+def test_sigkill_while_cleaning_loses_nothing(make_broker: Callable[..., BrokerProcess]) -> None:
+    """Must survive: SIGKILLs at random moments while the cleaner works lose no key's latest
+    record: after restarts and a final cleaning, a consumer from 0 sees exactly the latest
+    record of every key at its acknowledged offset."""
+    broker = make_broker("--set", "log.cleaner.backoff.ms=50")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("crashy", 1, 1, config={
+        "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01",
+    })])["crashy"].result(10)
+    rng = random.Random(7)
+    written: Log = []
+    cleanings = 0
+    for round_ in range(5):
+        written += produce(broker.bootstrap, "crashy", [
+            (b"key-%03d" % rng.randrange(150), b"r%d-%d" % (round_, i) * 50) for i in range(600)
+        ])
+        time.sleep(rng.uniform(0.3, 1.5))  # compaction and cleaning under way
+        cleanings += broker.log().count("cleaned stream")
+        broker.kill()
+        broker.start()
+    assert cleanings > 0, "the cleaner never ran before a kill"
+    latest = latest_per_key(written)
+    state: dict[str, Log] = {}
+
+    def cleaned() -> bool:
+        state["log"] = read_log(broker.bootstrap, "crashy")
+        return len(state["log"]) == len(latest)
+
+    wait_until(cleaned, 40, "the final cleaning")
+    assert as_map(state["log"]) == latest
+
+
+def test_compression_type_recompresses_batches(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: a topic with compression.type=zstd stores gzip-produced batches as zstd
+    (and `producer` keeps gzip), and consumers read every record (keys, values, headers,
+    timestamps) unchanged."""
+    broker = make_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("z", 1, 1, config={"compression.type": "zstd"}),
+                         NewTopic("asis", 1, 1)])["z"].result(10)
+    items: list[tuple[bytes | None, bytes | None]] = [
+        (b"k%d" % i, b"value %d " % i * 30) for i in range(500)
+    ]
+    for topic in ("z", "asis"):
+        produce(broker.bootstrap, topic, items, **{"compression.codec": "gzip",
+                                                   "linger.ms": "50"})
+    with RawClient(broker.bootstrap) as rc:
+        for topic, codec in (("z", 4), ("asis", 1)):
+            data = fetch(rc, topic, 0).records  # type: ignore[attr-defined]
+            headers = records.iter_headers(data)
+            assert headers and {h.compression for h in headers} == {codec}
+            got = [(r.key, r.value) for h in headers for r in decode_records(data, h)]
+            assert got == items[: len(got)]
+    for topic in ("z", "asis"):
+        assert [(k, v) for _, k, v in read_log(broker.bootstrap, topic)] == items
+
+
+def test_message_max_bytes_is_the_topic_default(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: the broker's message.max.bytes limits topics without max.message.bytes
+    (MESSAGE_TOO_LARGE), a topic's own max.message.bytes wins, and DescribeConfigs shows the
+    topic value with source STATIC_BROKER_CONFIG like Kafka."""
+    broker = make_broker("--set", "message.max.bytes=3000")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("small", 1, 1),
+                         NewTopic("big", 1, 1, config={"max.message.bytes": "20000"})]
+                        )["small"].result(10)
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "small")])
+    entry = next(iter(described.values())).result(10)["max.message.bytes"]
+    assert entry.value == "3000" and entry.source == ConfigSource.STATIC_BROKER_CONFIG.value
+    p = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0})
+    errors: dict[str, KafkaError | None] = {}
+    for topic in ("small", "big"):
+        p.produce(topic, key=b"k", value=b"x" * 8000,
+                  on_delivery=lambda err, m: errors.__setitem__(m.topic(), err))
+    assert p.flush(20) == 0
+    small_err = errors["small"]
+    assert small_err is not None and small_err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert errors["big"] is None
+
+
+def test_timestamp_bounds_reject_records_out_of_range(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: message.timestamp.before.max.ms / after.max.ms reject records whose
+    CreateTime is too old / too far ahead with INVALID_TIMESTAMP; others go through."""
+    broker = make_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("ts", 1, 1, config={
+        "message.timestamp.before.max.ms": "60000", "message.timestamp.after.max.ms": "60000",
+    })])["ts"].result(10)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0, "linger.ms": 0})
+    now = int(time.time() * 1000)
+    results: dict[bytes, KafkaError | None] = {}
+    for key, ts in ((b"old", now - 3_600_000), (b"future", now + 3_600_000), (b"ok", now)):
+        p.produce("ts", key=key, value=b"v", timestamp=ts,
+                  on_delivery=lambda err, m: results.__setitem__(m.key(), err))
+        p.flush(20)
+    for key in (b"old", b"future"):
+        err = results[key]
+        assert err is not None and err.code() == KafkaError.INVALID_TIMESTAMP, (key, err)
+    assert results[b"ok"] is None
+    assert [k for _, k, _ in read_log(broker.bootstrap, "ts")] == [b"ok"]
