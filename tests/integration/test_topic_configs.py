@@ -343,3 +343,78 @@ def test_timestamp_bounds_reject_records_out_of_range(
         assert err is not None and err.code() == KafkaError.INVALID_TIMESTAMP, (key, err)
     assert results[b"ok"] is None
     assert [k for _, k, _ in read_log(broker.bootstrap, "ts")] == [b"ok"]
+
+
+def _aiokafka_read(bootstrap: str, topic: str) -> Log:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as AioTP
+
+    async def run() -> Log:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await c.start()
+        try:
+            tp = AioTP(topic, 0)
+            c.assign([tp])
+            c.seek(tp, 0)
+            end = (await c.end_offsets([tp]))[tp]
+            out: Log = []
+            deadline = time.monotonic() + 30
+            while await c.position(tp) < end:
+                assert time.monotonic() < deadline, f"aiokafka stuck at {await c.position(tp)}"
+                batch = await c.getmany(tp, timeout_ms=500)
+                out += [(m.offset, m.key, m.value) for m in batch.get(tp, [])]
+            return out
+        finally:
+            await c.stop()
+
+    return asyncio.run(run())
+
+
+def _kafka_python_read(bootstrap: str, topic: str) -> Log:
+    import warnings
+
+    with warnings.catch_warnings():  # kafka-python loads its schemas with a deprecated call
+        warnings.filterwarnings("ignore", "open_text is deprecated", DeprecationWarning)
+        from kafka import KafkaConsumer
+        from kafka import TopicPartition as KpTP
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tp = KpTP(topic, 0)
+        c.assign([tp])
+        c.seek(tp, 0)
+        end = c.end_offsets([tp])[tp]
+        out: Log = []
+        deadline = time.monotonic() + 30
+        while c.position(tp) < end:
+            assert time.monotonic() < deadline, f"kafka-python stuck at {c.position(tp)}"
+            for msgs in c.poll(timeout_ms=500).values():
+                out += [(m.offset, m.key, m.value) for m in msgs]
+        return out
+    finally:
+        c.close()
+
+
+@pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")
+def test_clients_read_past_a_fully_cleaned_tail(
+    make_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Must survive: when the newest records of a compacted topic are tombstones that the
+    cleaner removed (delete.retention.ms=0), librdkafka, aiokafka and kafka-python consumers
+    starting at offset 0 still reach the high watermark (the cleaned tail is covered by an
+    empty batch) and see exactly the surviving records."""
+    broker = make_broker()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("tail", 1, 1, config={
+        "cleanup.policy": "compact", "delete.retention.ms": "0",
+    })])["tail"].result(10)
+    keep = produce(broker.bootstrap, "tail", [(b"keep-%d" % i, b"v") for i in range(10)])
+    produce(broker.bootstrap, "tail", [(b"gone-%d" % i, b"v") for i in range(20)])
+    produce(broker.bootstrap, "tail", [(b"gone-%d" % i, None) for i in range(20)])
+    wait_until(lambda: len(read_log(broker.bootstrap, "tail")) == len(keep), 30,
+               "tombstones and what they deleted to be cleaned away")
+    assert read_log(broker.bootstrap, "tail") == keep
+    assert _aiokafka_read(broker.bootstrap, "tail") == keep
+    assert _kafka_python_read(broker.bootstrap, "tail") == keep
