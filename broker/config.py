@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,22 +84,44 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
     for d in [
         ConfigDef(
-            "cleanup.policy", "list", "delete", "delete or compact", choices=("delete", "compact")
+            "cleanup.policy",
+            "list",
+            "delete",
+            "delete (retention), compact (log cleaner, keyed records only) or both",
+            choices=("delete", "compact"),
         ),
         ConfigDef(
             "compression.type",
             "string",
             "producer",
-            "codec of stored batches",
+            "codec of stored batches; producer keeps the one sent",
             choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
         ),
-        ConfigDef("delete.retention.ms", "long", "86400000", check=_nonneg),
+        ConfigDef(
+            "delete.retention.ms",
+            "long",
+            "86400000",
+            "how long the cleaner keeps a tombstone after the cleaning that kept it",
+            _nonneg,
+        ),
         ConfigDef("file.delete.delay.ms", "long", "60000", check=_nonneg),
         ConfigDef("flush.messages", "long", LONG_MAX, check=_positive),
         ConfigDef("flush.ms", "long", LONG_MAX, check=_nonneg),
         ConfigDef("index.interval.bytes", "int", "4096", check=_nonneg),
-        ConfigDef("max.compaction.lag.ms", "long", LONG_MAX, check=_positive),
-        ConfigDef("max.message.bytes", "int", "1048588", "largest record batch", _nonneg),
+        ConfigDef(
+            "max.compaction.lag.ms",
+            "long",
+            LONG_MAX,
+            "clean a partition once its oldest uncleaned chunk is this old",
+            _positive,
+        ),
+        ConfigDef(
+            "max.message.bytes",
+            "int",
+            "1048588",
+            "largest record batch (default: the broker's message.max.bytes)",
+            _nonneg,
+        ),
         ConfigDef("message.downconversion.enable", "boolean", "true"),
         ConfigDef(
             "message.timestamp.type",
@@ -107,11 +129,41 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
             "CreateTime",
             choices=("createtime", "logappendtime"),
         ),
-        ConfigDef("message.timestamp.difference.max.ms", "long", LONG_MAX, check=_nonneg),
-        ConfigDef("message.timestamp.before.max.ms", "long", LONG_MAX, check=_nonneg),
-        ConfigDef("message.timestamp.after.max.ms", "long", LONG_MAX, check=_nonneg),
-        ConfigDef("min.cleanable.dirty.ratio", "double", "0.5", check=lambda v: 0 <= v <= 1),
-        ConfigDef("min.compaction.lag.ms", "long", "0", check=_nonneg),
+        ConfigDef(
+            "message.timestamp.difference.max.ms",
+            "long",
+            LONG_MAX,
+            "CreateTime records further than this from now: INVALID_TIMESTAMP (deprecated)",
+            _nonneg,
+        ),
+        ConfigDef(
+            "message.timestamp.before.max.ms",
+            "long",
+            LONG_MAX,
+            "CreateTime records older than this: INVALID_TIMESTAMP",
+            _nonneg,
+        ),
+        ConfigDef(
+            "message.timestamp.after.max.ms",
+            "long",
+            LONG_MAX,
+            "CreateTime records further ahead than this: INVALID_TIMESTAMP",
+            _nonneg,
+        ),
+        ConfigDef(
+            "min.cleanable.dirty.ratio",
+            "double",
+            "0.5",
+            "clean once uncleaned bytes are this share of the cleanable log",
+            lambda v: 0 <= v <= 1,
+        ),
+        ConfigDef(
+            "min.compaction.lag.ms",
+            "long",
+            "0",
+            "records younger than this are never cleaned",
+            _nonneg,
+        ),
         ConfigDef("min.insync.replicas", "int", "1", check=_positive),
         ConfigDef("preallocate", "boolean", "false"),
         ConfigDef("retention.bytes", "long", "-1", check=_min_minus1),
@@ -168,6 +220,37 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("table.topic.dlq.topic", "string", "", "dead-letter topic (default <topic>.dlq)"),
     ]
 }
+# Accepted and validated, but with nothing to act on in floe, on purpose; each reason makes floe
+# at least as strict as Kafka. Kafka Streams and Connect set several of these on their internal
+# topics, so refusing them would break those users. README.md ("Topic configs") lists them.
+INERT_TOPIC_CONFIGS: dict[str, str] = {
+    "file.delete.delay.ms": "unreferenced objects are deleted after the broker-wide"
+    " objects.gc.delay.ms",
+    "flush.messages": "every acknowledged record is already durable in object storage",
+    "flush.ms": "every acknowledged record is already durable in object storage",
+    "index.interval.bytes": "no index files: the chunk index lives in the metadata store",
+    "message.downconversion.enable": "floe serves record batch v2 only (Fetch v4+), so it never"
+    " down-converts",
+    "min.insync.replicas": "an acknowledged record is in object storage (replicated by the store)"
+    " and committed in the metadata store, whatever the value",
+    "preallocate": "no segment files",
+    "segment.bytes": "no segments: retention and cleaning work on chunks (one WAL flush, or up"
+    " to stream.chunk.max.bytes), which is finer-grained",
+    "segment.index.bytes": "no segment index files",
+    "segment.jitter.ms": "no segments to roll",
+    "segment.ms": "no segments to roll: retention and cleaning work on chunks",
+    "unclean.leader.election.enable": "there is one log in object storage and no out-of-sync"
+    " replica that could lose acknowledged records",
+    "local.retention.ms": "nothing is retained locally except a bounded read cache"
+    " (cache.max.bytes)",
+    "local.retention.bytes": "nothing is retained locally except a bounded read cache"
+    " (cache.max.bytes)",
+    "remote.storage.enable": "the whole log always lives in object storage",
+}
+TOPIC_CONFIGS.update(
+    {k: replace(TOPIC_CONFIGS[k], doc=f"accepted, no effect: {why}")
+     for k, why in INERT_TOPIC_CONFIGS.items()}
+)
 TOPIC_CONFIG_ALIASES = {"automq.table.topic.": "table.topic."}
 
 
