@@ -1,5 +1,10 @@
 """Compaction: WAL objects (many streams each) become stream objects (one stream each).
 
+A stream object holds a run of contiguous offsets of one stream, up to
+`stream_object_max_bytes`, cut into chunks of about `chunk_max_bytes` (consecutive WAL chunks
+merged, none split): each chunk is an entry of the object's index and a chunk row of its own,
+so a read fetches about one chunk (plus read-ahead), never the whole object.
+
 The planner is pure: given the WAL objects and their live chunks it decides which objects to
 rewrite and which stream objects to build. The executor reads the WAL objects, writes the stream
 objects, swaps the chunk index in one metadata transaction, and only later (after a grace delay
@@ -144,31 +149,39 @@ class Compactor:
         new_chunks: list[ChunkRow] = []
         old_chunks: list[ChunkRow] = []
         for sp in plan.stream_objects:
-            data = b"".join(
-                blobs[c.object_id][c.position : c.position + c.length] for c in sp.chunks
-            )
+            # consecutive WAL chunks merged into chunks of about chunk_max_bytes: each is an
+            # index entry of the object and a chunk row, so a read fetches ~1 MiB, not the object
+            groups = group_chunks(sp.chunks, self.settings.chunk_max_bytes)
+            parts: list[tuple[int, int, int, bytes | bytearray]] = [
+                (
+                    sp.stream_id,
+                    g[0].base_offset,
+                    g[-1].last_offset,
+                    b"".join(blobs[c.object_id][c.position : c.position + c.length] for c in g),
+                )
+                for g in groups
+            ]
             object_id = await self.store.new_object_id()
-            blob, (entry,) = walformat.encode(
-                object_id, [(sp.stream_id, sp.base_offset, sp.last_offset, data)]
-            )
+            blob, entries = walformat.encode(object_id, parts)
             key = f"stream/{sp.stream_id}/{sp.base_offset:020d}-{object_id}"
             await self.store.put_object(key, blob)
             new_objects.append(
                 ObjectRow(object_id, key, len(blob), "stream", int(time.time() * 1000))
             )
-            new_chunks.append(
+            new_chunks.extend(
                 ChunkRow(
                     sp.stream_id,
-                    sp.base_offset,
-                    sp.last_offset,
+                    e.base_offset,
+                    e.last_offset,
                     object_id,
-                    entry.position,
-                    entry.length,
-                    max(c.max_timestamp for c in sp.chunks),
+                    e.position,
+                    e.length,
+                    max(c.max_timestamp for c in g),
                 )
+                for e, g in zip(entries, groups, strict=True)
             )
             old_chunks.extend(sp.chunks)
-            stats.bytes += len(data)
+            stats.bytes += sum(e.length for e in entries)
         await meta.replace_chunks(new_objects, new_chunks, old_chunks)
         self.store.replace_chunks(new_chunks, old_chunks, {o.object_id: o.key for o in new_objects})
         stats.wal_objects += len(plan.wal_objects)

@@ -1,0 +1,119 @@
+"""Stream objects are cut into chunks of about stream.chunk.max.bytes.
+
+What must survive: after compaction, a small read inside a stream object downloads about one
+chunk from the object store (bytes counted at the object store layer, on the local store and on
+S3), not the whole object; the object's on-object index has one entry per chunk, and the
+metadata holds one chunk row per index entry."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from s3stream import walformat
+from s3stream.compaction import CompactionSettings, Compactor
+from s3stream.log import LogStore, WalSettings
+from s3stream.metadata import SqliteMetadataStore
+from s3stream.objectstore import ObjectStore, open_object_store
+from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
+
+KiB = 1024
+CHUNK = 64 * KiB
+APPENDS = 256  # of 16 KiB each, one WAL object each: 4 MiB for one stream
+
+
+class Counting:
+    """Counts the bytes every GET returns (what a read downloads)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.downloaded = 0
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await self.inner.put(key, data)
+
+    async def get(self, key: str) -> bytes:
+        data = await self.inner.get(key)
+        self.downloaded += len(data)
+        return data
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        data = await self.inner.get_range(key, start, length)
+        self.downloaded += len(data)
+        return data
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def list(self, prefix: str) -> list[str]:
+        return await self.inner.list(prefix)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.fixture(params=["file", "s3"])
+async def counting(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Counting]:
+    if request.param == "file":
+        url = (tmp_path / "objects").as_uri()
+    else:
+        for k, v in TEST_AWS_ENV.items():
+            monkeypatch.setenv(k, v)
+        for k in UNSET_AWS_ENV:
+            monkeypatch.delenv(k, raising=False)
+        endpoint = request.getfixturevalue("s3_server")
+        bucket = f"chunks-{uuid.uuid4().hex[:8]}"
+        c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        c.create_bucket(Bucket=bucket)
+        c.close()
+        url = f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"
+    store = Counting(open_object_store(url))
+    yield store
+    await store.close()
+
+
+async def test_a_small_read_after_compaction_downloads_about_one_chunk(
+    counting: Counting, tmp_path: Path
+) -> None:
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    _t, streams = await meta.create_topic("t", 1, {})
+    sid = streams[0].stream_id
+    # no cache, read-ahead within one chunk: what a read downloads is what it asks for
+    log = LogStore(counting, meta, WalSettings(flush_interval_ms=1, cache_max_bytes=0,
+                                               readahead_bytes=CHUNK))
+    await log.open(streams, [])
+    try:
+        for i in range(APPENDS):  # one flush, hence one WAL object, each
+            _, fut = log.append(sid, 10, i, lambda base, i=i: bytes([i % 256]) * (16 * KiB))
+            await asyncio.wait_for(fut, 10)
+        settings = CompactionSettings(min_age_ms=0, stream_object_max_bytes=64 * 1024 * KiB,
+                                      chunk_max_bytes=CHUNK, gc_delay_ms=0)
+        stats = await Compactor(log, settings).run_once()
+        assert stats.wal_objects == APPENDS and stats.stream_objects == 1
+        counting.downloaded = 0
+        (got,) = await log.read(sid, APPENDS * 10 // 2 + 3, 1)  # asks for one byte
+        assert counting.downloaded <= CHUNK, \
+            f"a small read downloaded {counting.downloaded} bytes (chunks are {CHUNK})"
+        assert got == (APPENDS * 10 // 2, b"".join(  # the chunk of 4 WAL chunks holding it
+            bytes([j % 256]) * (16 * KiB) for j in range(APPENDS // 2, APPENDS // 2 + 4)))
+        (obj,) = await meta.objects("stream")
+        _oid, entries = walformat.decode_index(await counting.inner.get(obj.key))
+        rows = await meta.chunks_of_objects([obj.object_id])
+        assert len(entries) == APPENDS * 16 * KiB // CHUNK  # 64 chunks of 64 KiB
+        assert [(e.base_offset, e.last_offset, e.position, e.length) for e in entries] == [
+            (r.base_offset, r.last_offset, r.position, r.length) for r in rows]
+        st = log.stream(sid)
+        assert [(c.base_offset, c.last_offset) for c in st.chunks] == [
+            (r.base_offset, r.last_offset) for r in rows]
+    finally:
+        await log.close()
+        await meta.close()
