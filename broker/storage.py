@@ -54,9 +54,20 @@ class Topic:
     configs: dict[str, str]
     streams: list[int] = field(default_factory=list)  # stream id of each partition
     defaults: dict[str, str] = field(default_factory=dict)  # broker defaults (shared dict)
+    # parsed values of `configs` (the produce path reads several per append); `configs` is
+    # replaced, never edited, when a topic's configs change, which resets this
+    _parsed: tuple[dict[str, str], dict[str, object]] = field(
+        default_factory=lambda: ({}, {}), repr=False
+    )
 
     def config(self, key: str) -> object:
-        return topic_config_value(self.configs, key, self.defaults)
+        source, values = self._parsed
+        if source is not self.configs:
+            source, values = self.configs, {}
+            self._parsed = (source, values)
+        if key not in values:
+            values[key] = topic_config_value(self.configs, key, self.defaults)
+        return values[key]
 
 
 @dataclass(frozen=True, slots=True)
