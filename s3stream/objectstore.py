@@ -1,7 +1,9 @@
 """Object storage behind one interface, chosen by URL scheme.
 
 Backends: `file:///dir` (or a plain path) keeps one file per object, written to a temporary
-name, fsynced and renamed so that an object is either whole or absent; `memory://` keeps
+name, fsynced and renamed so that an object is either whole or absent, then its directory
+fsynced, and every directory the store creates (or first uses) fsynced into its parent, so an
+acknowledged object survives power loss; `memory://` keeps
 objects in a dict (tests and the null-storage benchmark only); `s3://BUCKET/PREFIX?...` keeps
 them in S3 or an S3-compatible store (see `s3stream.s3`).
 
@@ -12,9 +14,11 @@ failed with a retriable error (see `is_retriable`) with exponential backoff and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -91,22 +95,56 @@ class MemoryObjectStore:
         pass
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class LocalDirObjectStore:
-    """One file per object under a root directory; writes are atomic and durable."""
+    """One file per object under a root directory; writes are atomic and durable: the file is
+    written to a temporary name, fsynced, renamed, and its directory fsynced; a directory is
+    fsynced into its parent (up to the root, and the root into its own parent) before the first
+    object in it is acknowledged, once per directory and process (a directory left by a crash
+    is made durable too)."""
 
     def __init__(self, root: Path, url: str | None = None) -> None:
         self.root = root
         self.url = url or root.as_uri()
-        root.mkdir(parents=True, exist_ok=True)
+        missing = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
+        for p in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(p)
+            _fsync_dir(p.parent)
+        if not missing:
+            _fsync_dir(root.parent)
+        self._durable_dirs = {root}
+        self._dirs_lock = threading.Lock()
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
             raise ObjectStoreError(f"invalid object key {key!r}")
         return self.root / key
 
+    def _durable_dir(self, d: Path) -> None:
+        """Make `d` (the root or below) exist with its entry, and its ancestors' entries up to
+        the root, fsynced into their parents."""
+        with self._dirs_lock:
+            chain: list[Path] = []
+            while d not in self._durable_dirs:
+                chain.append(d)
+                d = d.parent
+            for p in reversed(chain):  # parents first
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(p)
+                _fsync_dir(p.parent)
+                self._durable_dirs.add(p)
+
     def _put(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._durable_dir(path.parent)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -118,11 +156,7 @@ class LocalDirObjectStore:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(path.parent)
 
     def _get_range(self, key: str, start: int, length: int) -> bytes:
         try:
