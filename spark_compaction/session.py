@@ -33,7 +33,9 @@ cache lives in $FLOE_CACHE_DIR (default $XDG_CACHE_HOME/floe or ~/.cache/floe).
 
 A warehouse on S3 (s3://) is read and written with Iceberg's S3FileIO, which needs the AWS SDK
 of the iceberg-aws-bundle jar: no registry reachable here has it, so it must be given
-(extra_jars / --jars, or packages / --packages from Maven). That path is not tested here.
+(extra_jars / --jars, or packages / --packages from Maven). The warehouse URL is the broker's
+(`s3://BUCKET/PREFIX?endpoint=&region=&path_style=`): its location goes to the catalog, its
+parameters to S3FileIO (s3_properties). Only that configuration is tested here, not S3 itself.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit, urlunsplit
+
+from tabletopic.warehouse import parse_warehouse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -130,7 +134,8 @@ def resolve_catalog(
 
 def catalog_properties(catalog_url: str, warehouse_url: str) -> dict[str, str]:
     """Iceberg catalog properties (without the `spark.sql.catalog.NAME.` prefix)."""
-    props = {"warehouse": warehouse_url, "cache-enabled": "false"}
+    location = parse_warehouse(warehouse_url, {}).location if warehouse_url else ""
+    props = {"warehouse": location, "cache-enabled": "false"}
     if catalog_url.startswith("sqlite:///"):
         path = catalog_url[len("sqlite:///") :].split("?", 1)[0]
         if not path or path == ":memory:":
@@ -215,16 +220,19 @@ S3_SDK_CLASS = "software/amazon/awssdk/services/s3/S3Client.class"  # in iceberg
 
 def s3_properties(warehouse_url: str, environ: Mapping[str, str]) -> dict[str, str]:
     """Catalog properties for a warehouse on S3 (Iceberg's S3FileIO, which needs the AWS SDK
-    of the iceberg-aws-bundle jar; the endpoint of an S3-compatible store from AWS_ENDPOINT_URL)."""
+    of the iceberg-aws-bundle jar). Endpoint, region and path style come from the warehouse
+    URL's `?endpoint=&region=&path_style=`, as for the broker (tabletopic.warehouse); without
+    an endpoint there, from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (path style then), and
+    without a region, from AWS_REGION / AWS_DEFAULT_REGION."""
     if not warehouse_url.startswith(("s3://", "s3a://")):
         return {}
-    props = {"io-impl": S3_FILE_IO}
+    props = {"io-impl": S3_FILE_IO, **parse_warehouse(warehouse_url, environ).java_properties()}
     endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
+    if endpoint and "s3.endpoint" not in props:
         props["s3.endpoint"] = endpoint
         props["s3.path-style-access"] = "true"
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
-    if region:
+    if region and "client.region" not in props:
         props["client.region"] = region
     return props
 

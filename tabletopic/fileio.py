@@ -23,8 +23,6 @@ from typing import Any, cast
 from pyiceberg.io import OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-DURABLE_FILE_IO = "tabletopic.fileio.DurableFileIO"
-
 
 def fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from tabletopic.fileio import DURABLE_FILE_IO
-
+DURABLE_FILE_IO = "tabletopic.fileio.DurableFileIO"  # pyiceberg imports it by this name
 # pyiceberg FileIO property names (pyiceberg.io); spelled out so that a rename shows up here
 PY_IO_IMPL = "py-io-impl"
 S3_ENDPOINT = "s3.endpoint"
