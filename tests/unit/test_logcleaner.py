@@ -165,7 +165,9 @@ async def test_tombstone_horizon_starts_at_the_cleaning_that_keeps_it(storage: S
 
 async def test_bounded_key_map_cleans_in_several_passes(storage: Storage) -> None:
     """Must survive: with a key map far smaller than the number of keys, each pass cleans the
-    part its map covered; repeated passes reach the same result as one big pass."""
+    part its map covered; repeated passes reach the same result as one big pass (with
+    min.cleanable.dirty.ratio low enough that every dirty remainder is due)."""
+    await storage.set_topic_configs("t", {**COMPACT, "min.cleanable.dirty.ratio": "0.01"}, False)
     latest = await write_updates(storage, keys=30, rounds=4)
     await settle(storage)
     cleaner = LogCleaner(storage, CleanerSettings(max_keys=8, chunk_max_bytes=300))
@@ -255,3 +257,34 @@ async def test_keyless_record_to_compacted_topic_is_rejected(storage: Storage) -
     assert e.value.code == 87
     assert storage.offsets("t", 0) == (0, 0)
     assert await produce(storage, [(b"a", b"1")]) == 0
+
+
+async def test_lag_and_dirty_ratio_decide_when_a_partition_is_cleaned(storage: Storage) -> None:
+    """Must survive: records younger than min.compaction.lag.ms are never cleaned; a dirty
+    part below min.cleanable.dirty.ratio waits, unless it is older than max.compaction.lag.ms;
+    a dirty part above the ratio is cleaned."""
+    base_ts = 1_700_000_000_000
+    await storage.set_topic_configs("t", {**COMPACT, "min.compaction.lag.ms": "600000",
+                                          "max.compaction.lag.ms": "7200000",
+                                          "delete.retention.ms": "86400000"}, False)
+    latest = await write_updates(storage, keys=20, rounds=5)
+    await settle(storage)
+    cleaner = LogCleaner(storage, CleanerSettings())
+    young = base_ts + 599_999  # every record is 599,999 ms old
+    assert (await cleaner.run_once(young)).streams_cleaned == 0
+    assert len(await read_all(storage)) == 100
+    assert (await cleaner.run_once(base_ts + 600_000)).streams_cleaned == 1
+    assert len(await read_all(storage)) == len(latest)
+    # a small dirty part (2 of 22 records' bytes) is below the 0.5 ratio: it waits
+    await produce(storage, [(b"k000", b"again"), (b"k001", b"again")])
+    await settle(storage)
+    late = base_ts + 3_600_000
+    assert (await cleaner.run_once(late)).streams_cleaned == 0
+    assert len(await read_all(storage)) == len(latest) + 2
+    # ... until it is older than max.compaction.lag.ms
+    assert (await cleaner.run_once(base_ts + 7_200_000)).streams_cleaned == 1
+    assert len(await read_all(storage)) == len(latest)
+    # a dirty part above the ratio is cleaned at once
+    await write_updates(storage, keys=20, rounds=3)
+    await settle(storage)
+    assert (await cleaner.run_once(late)).streams_cleaned == 1
