@@ -39,7 +39,7 @@ async def open_storage(root: Path, faulty: bool = False) -> Storage:
 @pytest.fixture
 async def storage(tmp_path: Path) -> AsyncIterator[Storage]:
     s = await open_storage(tmp_path)
-    await s.create_topic("t", 1, COMPACT)
+    await s.create_topic("t", 1, {**COMPACT})
     yield s
     await s.close()
 
@@ -186,7 +186,7 @@ async def test_a_pass_whose_chunks_changed_meanwhile_is_abandoned(tmp_path: Path
     cleans."""
     storage = await open_storage(tmp_path, faulty=True)
     try:
-        await storage.create_topic("t", 1, COMPACT)
+        await storage.create_topic("t", 1, {**COMPACT})
         for _ in range(3):  # three stream objects
             await write_updates(storage, keys=10, rounds=1)
             await settle(storage)
