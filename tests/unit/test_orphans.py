@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import Table
 
@@ -115,3 +116,22 @@ def test_files_referenced_only_by_an_older_snapshot_stay(warehouse: Warehouse) -
     assert all(t.io.new_input(p).exists() for p in before)
     old = t.metadata.snapshots[1].snapshot_id
     assert sorted(t.scan(snapshot_id=old).to_arrow().column("a").to_pylist()) == [1, 2, 3]
+
+
+def test_files_spelled_the_spark_way_are_recognised(tmp_path: Path) -> None:
+    """Spark (Hadoop paths) references local files as `file:/dir/x.parquet`, pyiceberg as
+    `file:///dir/x.parquet`: the same file, so after a Spark rewrite the compacted files must
+    survive while real orphans still go."""
+    cat = open_catalog(f"sqlite:///{tmp_path}/c.db", (tmp_path / "w").as_uri())
+    cat.create_namespace("default")
+    t = cat.create_table("default.t", schema=SCHEMA)
+    t.append(pa.table({"a": [1]}, schema=SCHEMA))
+    data = Path(t.location().removeprefix("file://")) / "data"
+    spark_file = f"file:{data}/spark-rewritten.parquet"
+    pq.write_table(pa.table({"a": [2]}, schema=SCHEMA), data / "spark-rewritten.parquet")
+    t.add_files([spark_file])
+    orphan = data / "orphan.parquet"
+    pq.write_table(pa.table({"a": [3]}, schema=SCHEMA), orphan)
+    t = cat.load_table("default.t")
+    assert remove_orphan_files(t, min_age_s=0) == [orphan.as_uri()]
+    assert sorted(cat.load_table("default.t").scan().to_arrow().column("a").to_pylist()) == [1, 2]
