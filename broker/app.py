@@ -78,6 +78,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     storage = build_storage(settings)
+    catalog = open_catalog(settings.catalog_url, settings.warehouse_url)  # a bad URL fails here
     storage.topic_defaults.update(topic_defaults(settings))
     await storage.open()
     host, port = settings.listen
@@ -109,7 +110,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     print(f"listening on {bound_host}:{bound_port}", flush=True)
     tables = TableTopics(
         storage,
-        open_catalog(settings.catalog_url, settings.warehouse_url),
+        catalog,
         orphan_min_age_s=settings["table.orphan.min.age.ms"] / 1000,
     )
     status_server = None

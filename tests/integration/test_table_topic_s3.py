@@ -103,3 +103,13 @@ def test_s3_warehouse_through_sigkill_restart_and_orphan_sweep(
         assert "not deleting anything" not in broker.log()
     finally:
         broker.stop()
+
+
+def test_a_bad_warehouse_url_stops_the_broker_before_it_listens(tmp_path: Path) -> None:
+    """A misspelt parameter must not leave a broker running that can never write a table."""
+    broker = BrokerProcess(
+        data_dir=tmp_path / "data",
+        extra_args=["--warehouse", "s3://b/t?endpiont=http://127.0.0.1:1"],
+    )
+    with pytest.raises(RuntimeError, match="unknown S3 URL parameter 'endpiont'"):
+        broker.start()

@@ -1,21 +1,19 @@
 """Tables written the way the broker writes a table topic: `_kafka` struct plus JSON value
 columns (tabletopic.convert), one append per commit carrying `floe.offsets` in the snapshot
-summary and in the table property (like tabletopic.writer.TableWriter._commit_sync)."""
+summary and in the table property (tabletopic.commit, what TableWriter commits with)."""
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from broker.protocol.recordcodec import Record
+from tabletopic.commit import commit_offsets, table_offsets
 from tabletopic.convert import Converter
-from tabletopic.writer import OFFSETS, table_offsets
 
 Key = tuple[int, int]  # (_kafka.partition, _kafka.offset)
 
@@ -33,35 +31,20 @@ def create_topic_table(
 
 def broker_commit(catalog: Catalog, ident: tuple[str, str], partition: int, count: int,
                   topic: str = "t") -> None:
-    """Append `count` records after the partition's committed offset, as the broker does."""
-    for _attempt in range(20):
-        table = catalog.load_table(ident)
-        current = table_offsets(table)
-        start = current.get(partition, 0)
-        now = int(time.time() * 1000)
-        records = [
-            Record(offset=o, timestamp=now, key=f"k{o}".encode(),
-                   value=json.dumps({"n": o, "p": partition, "text": f"r{partition}-{o}"}).encode(),
-                   headers=(("h", b"v"),))
-            for o in range(start, start + count)
-        ]
-        data, invalid = Converter("json", table.schema().as_arrow()).convert(partition, records)
-        assert data is not None and not invalid
-        offsets = json.dumps({str(k): v for k, v in sorted({**current,
-                                                              partition: start + count}.items())})
-        tx = table.transaction()
-        if set(data.schema.names) - set(table.schema().as_arrow().names):
-            with tx.update_schema() as update:
-                update.union_by_name(data.schema)
-        tx.append(data, snapshot_properties={OFFSETS: offsets, "floe.topic": topic,
-                                             "floe.commit-id": str(uuid.uuid4())})
-        tx.set_properties({OFFSETS: offsets})
-        try:
-            tx.commit_transaction()
-            return
-        except CommitFailedException:
-            time.sleep(0.05)  # a concurrent commit (compaction): again, like the broker
-    raise AssertionError("too many commit conflicts")
+    """Append `count` records after the partition's committed offset with the broker's own
+    commit (tabletopic.commit.commit_offsets: explicit requirements, its own retries)."""
+    table = catalog.load_table(ident)
+    start = table_offsets(table).get(partition, 0)
+    now = int(time.time() * 1000)
+    records = [
+        Record(offset=o, timestamp=now, key=f"k{o}".encode(),
+               value=json.dumps({"n": o, "p": partition, "text": f"r{partition}-{o}"}).encode(),
+               headers=(("h", b"v"),))
+        for o in range(start, start + count)
+    ]
+    data, invalid = Converter("json", table.schema().as_arrow()).convert(partition, records)
+    assert data is not None and not invalid
+    commit_offsets(catalog, ident, topic, data, {partition: start}, {partition: start + count})
 
 
 def fill(catalog: Catalog, ident: tuple[str, str], commits: int, partitions: int = 2,
