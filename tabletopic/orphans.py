@@ -2,8 +2,9 @@
 references (written for a commit that never happened: a crash, a lost race).
 
 What it deletes, and why that is safe:
-  - Only files under `<table location>/data/`; the `metadata/` directory (metadata, manifest
-    lists, manifests, statistics) is never touched.
+  - Only files under the table's data directory (`<table location>/data/`, or the table
+    property `write.data.path`); the `metadata/` directory (metadata, manifest lists,
+    manifests, statistics) is never touched.
   - A file is referenced if any snapshot of the table (every branch and tag, expired ones
     excepted) names it: data and delete files of every manifest entry (deleted entries
     included), manifests, manifest lists, statistics files.
@@ -34,6 +35,7 @@ from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
+WRITE_DATA_PATH = "write.data.path"  # Iceberg's table property for where data files go
 ORPHAN_MIN_AGE_S = 3 * 24 * 3600.0  # Iceberg's default; broker setting table.orphan.min.age.ms
 SCHEME_FAMILY = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "": "file"}
 
@@ -97,7 +99,8 @@ def remove_orphan_files(table: Table, min_age_s: float) -> list[str]:
     """Delete the files under the table's data/ directory that no snapshot references and that
     are older than `min_age_s` seconds; returns their URIs. Deletes nothing, and logs an error,
     when the listing and the references do not fit together (see the module docstring)."""
-    fs, root = _filesystem(table, table.location().rstrip("/") + "/data")
+    data_dir = table.properties.get(WRITE_DATA_PATH) or table.location().rstrip("/") + "/data"
+    fs, root = _filesystem(table, data_dir.rstrip("/"))
     try:
         infos = fs.get_file_info(pafs.FileSelector(root.path, recursive=True, allow_not_found=True))
     except FileNotFoundError:

@@ -135,3 +135,19 @@ def test_files_spelled_the_spark_way_are_recognised(tmp_path: Path) -> None:
     t = cat.load_table("default.t")
     assert remove_orphan_files(t, min_age_s=0) == [orphan.as_uri()]
     assert sorted(cat.load_table("default.t").scan().to_arrow().column("a").to_pylist()) == [1, 2]
+
+
+def test_a_table_with_its_own_data_path(warehouse: Warehouse) -> None:
+    """`write.data.path` moves the data files: the sweep looks there, keeps the live files and
+    deletes the orphans next to them."""
+    loc = f"{warehouse.catalog.properties['warehouse']}/elsewhere/t"
+    t = warehouse.catalog.create_table("ns.t", schema=SCHEMA, properties={"write.data.path": loc})
+    t.append(pa.table({"a": [1, 2]}, schema=SCHEMA))
+    t = warehouse.catalog.load_table("ns.t")
+    assert all(p.startswith(loc + "/") for p in data_files(t))
+    orphan = f"{loc}/never-committed.parquet"
+    warehouse.write_parquet(orphan, pa.table({"a": [9]}, schema=SCHEMA))
+    assert remove_orphan_files(t, min_age_s=0) == [orphan]
+    assert sorted(
+        warehouse.catalog.load_table("ns.t").scan().to_arrow().column("a").to_pylist()
+    ) == [1, 2]

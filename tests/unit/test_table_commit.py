@@ -258,3 +258,25 @@ def test_pyiceberg_is_within_the_pinned_range() -> None:
     spec = SpecifierSet(dep.split("]", 1)[1].split(";")[0].strip())
     assert spec.contains(Version(version("pyiceberg"))), (version("pyiceberg"), str(spec))
     assert spec.contains("0.12.0") and not spec.contains("0.13.0")
+
+
+def test_a_commit_that_adds_columns_asserts_the_schema_it_evolved(wh: Warehouse) -> None:
+    """Rows with a new column evolve the schema in the same commit, guarded by the schema id and
+    the last column id read; the rows land once with the new column."""
+    t = wh.catalog.load_table(IDENT)
+    wide = pa.table(
+        {"partition": pa.array([0, 0], pa.int32()), "offset": [0, 1], "extra": ["a", "b"]}
+    )
+    p = prepare(t, "t", wide, {0: 0}, {0: 2})
+    assert p is not None
+    kinds = {type(r).__name__ for r in p.requirements}
+    assert kinds == {
+        "AssertTableUUID",
+        "AssertRefSnapshotId",
+        "AssertCurrentSchemaId",
+        "AssertLastAssignedFieldId",
+    }
+    commit_offsets(wh.catalog, IDENT, "t", wide, {0: 0}, {0: 2})
+    got = wh.catalog.load_table(IDENT).scan().to_arrow()
+    assert got.column("extra").to_pylist() == ["a", "b"]
+    assert table_offsets(wh.catalog.load_table(IDENT)) == {0: 2}
