@@ -148,7 +148,10 @@ def remove_orphan_files(table: Table, min_age_s: float) -> list[str]:
             continue
         if info.mtime is None or info.mtime.timestamp() > cutoff:
             continue
-        fs.delete_file(info.path)
+        try:
+            fs.delete_file(info.path)
+        except FileNotFoundError:
+            continue  # gone meanwhile (an expiry deletes the files it unreferences)
         removed.append(FileRef(root.scheme, identity[1]).uri)
     if removed:
         log.info("table %s: removed %d orphan data files", name, len(removed))
