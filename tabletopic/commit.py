@@ -14,8 +14,9 @@ next offset}); every floe commit also writes it into its snapshot's summary. The
     location (SQL catalog) or atomically (REST catalog).
 
     So if a floe commit C lands, no floe commit landed between C's read and C's commit: any
-    such commit would have changed the current snapshot id, and snapshot ids are never
-    reused. Hence `floe.offsets` at C's commit is the value C read and checked (every
+    such commit would have changed the current snapshot id (ids are random 64-bit numbers,
+    never reused in practice), and only floe commits change `floe.offsets`. Hence
+    `floe.offsets` at C's commit is the value C read and checked (every
     partition C writes is at C's start offset), and C's rows are exactly the offsets between
     the old and the new `floe.offsets`: no offset is written twice or skipped.
     All-DLQ commits need the snapshot for this: a commit of properties alone leaves the
@@ -34,8 +35,9 @@ test_table_commit.py): `Transaction` stages updates for an append / empty fast a
 union and properties, readable as `Transaction._updates`; `Catalog.commit_table(table,
 requirements, updates)` applies them under the requirements given. We check the staged updates
 before sending them (`check_updates`) and never call `Transaction.commit_transaction`, whose
-retries (pyiceberg >= 0.10 refreshes the table and rebuilds the snapshot on conflict) would
-drop our snapshot requirement.
+retries (0.12 refreshes the table and rebuilds the snapshot on the new one after a conflict)
+would drop our snapshot requirement. pyiceberg's own post-commit clean-up of old metadata files
+(`write.metadata.delete-after-commit.enabled`) is therefore not run for floe commits.
 """
 
 from __future__ import annotations
