@@ -172,7 +172,8 @@ def decode_raw(batch: bytes | bytearray | memoryview, h: BatchHeader) -> list[Ra
 
 
 def compress(codec: int, data: bytes) -> bytes:
-    """Compress a batch body the way Kafka clients read it (snappy raw, lz4 frame)."""
+    """Compress a batch body the way every Kafka client reads it (snappy raw, lz4 frame with
+    independent blocks, zstd frame)."""
     import cramjam
 
     if codec == 0:
@@ -181,8 +182,10 @@ def compress(codec: int, data: bytes) -> bytes:
         return bytes(cramjam.gzip.compress(data))
     if codec == 2:
         return bytes(cramjam.snappy.compress_raw(data))
-    if codec == 3:
-        return bytes(cramjam.lz4.compress(data))
+    if codec == 3:  # independent blocks: the Java client refuses linked ones
+        c = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        c.compress(data)
+        return bytes(c.finish())
     if codec == 4:
         return bytes(cramjam.zstd.compress(data))
     raise ValueError(f"unknown compression codec {codec}")

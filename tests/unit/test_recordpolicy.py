@@ -111,3 +111,13 @@ def test_timestamp_bounds() -> None:
     recordpolicy.apply(sent, topic(message_timestamp_before_max_ms=lenient).config)
     recordpolicy.apply(sent, topic(message_timestamp_before_max_ms="1000",
                                    message_timestamp_type="LogAppendTime").config)
+
+
+def test_lz4_frames_have_independent_blocks() -> None:
+    """Must survive: re-encoded LZ4 bodies are frames with independent blocks (FLG bit 5),
+    which the Java client requires ("Dependent block stream is unsupported")."""
+    from broker.protocol.recordcodec import compress
+
+    frame = compress(3, b"abc" * 100_000)
+    assert frame[:4] == bytes.fromhex("04224d18")
+    assert frame[4] & 0x20, f"FLG {frame[4]:08b}: linked blocks"
