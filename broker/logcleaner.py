@@ -15,7 +15,9 @@ the latest record of each key and drops the rest:
 - A partition is cleaned when the dirty part (written since the last cleaning) is at least
   `min.cleanable.dirty.ratio` of the cleanable bytes, when its oldest dirty chunk is older than
   `max.compaction.lag.ms`, when a kept tombstone's delete horizon has passed, or on the first
-  pass after start (the cleaning checkpoint is kept in memory only).
+  pass after start (the cleaning checkpoint is kept in memory only). A chunk's age is that of
+  its newest record, so min.compaction.lag.ms is never cut short, and max.compaction.lag.ms
+  may be exceeded by up to the time one chunk spans.
 - Tombstones (null value): the first cleaning that keeps one stamps its batch with a delete
   horizon of now + `delete.retention.ms` (KIP-534: attribute bit 6, base timestamp = horizon,
   record timestamps unchanged); a later cleaning after the horizon removes them.
@@ -52,7 +54,7 @@ from broker.protocol.records import BatchHeader, iter_headers
 from broker.storage import Storage, Topic
 from s3stream import walformat
 from s3stream.log import Chunk, LogStore, UnknownStreamError
-from s3stream.metadata import ChunkRow, MetadataError, ObjectRow
+from s3stream.metadata import ChunkRow, CommitInDoubtError, MetadataError, ObjectRow
 from s3stream.objectstore import ObjectNotFoundError
 
 log = logging.getLogger(__name__)
@@ -378,12 +380,15 @@ class LogCleaner:
         ]
         try:
             await self.log.meta.replace_chunks(writer.objects, writer.rows, old_rows)
-        except MetadataError:
-            for o in writer.objects:  # never referenced by anyone: safe to delete now
-                try:
-                    await self.log.objects.delete(o.key)
-                except Exception:
-                    log.warning("could not delete unused cleaner object %s", o.key)
+        except MetadataError as e:
+            # refused: nobody ever referenced the new objects, delete them now. In doubt: the
+            # store undoes the commit later and its garbage collection takes them then.
+            if not isinstance(e, CommitInDoubtError):
+                for o in writer.objects:
+                    try:
+                        await self.log.objects.delete(o.key)
+                    except Exception:
+                        log.warning("could not delete unused cleaner object %s", o.key)
             raise
         self.log.replace_chunks(writer.rows, old_rows, {o.object_id: o.key for o in writer.objects})
         self.state[sid] = next_state
