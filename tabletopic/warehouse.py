@@ -1,6 +1,6 @@
 """The warehouse URL (where table files go) and the FileIO settings it implies.
 
-    file:///DIR                      a local directory (every file fsynced before the commit,
+    file:///DIR (or a plain path)    a local directory (every file fsynced before the commit,
                                      see tabletopic.fileio)
     s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=R&path_style=true
                                      S3 or any S3-compatible store (MinIO, moto, ...)
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 DURABLE_FILE_IO = "tabletopic.fileio.DurableFileIO"  # pyiceberg imports it by this name
@@ -99,6 +100,8 @@ def parse_warehouse(url: str, environ: Mapping[str, str] | None = None) -> Wareh
         return Warehouse(location, access)
     if parts.query:
         raise ValueError(f"warehouse {url!r}: query parameters are understood on s3:// URLs only")
+    if scheme == "":
+        return Warehouse(Path(url).resolve().as_uri(), None)  # a plain local path
     if scheme in ("file", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "hdfs"):
         return Warehouse(url.rstrip("/"), None)
     raise ValueError(f"unsupported warehouse URL {url!r} (file:///DIR or s3://BUCKET/PREFIX?...)")

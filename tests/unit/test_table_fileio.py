@@ -83,6 +83,7 @@ def test_s3_warehouse_url_reaches_the_fileio() -> None:
     with pytest.raises(ValueError):
         parse_warehouse("file:///x?endpoint=http://h:1", {})
     assert parse_warehouse("file:///x/wh/", {}).location == "file:///x/wh"
+    assert parse_warehouse("/x/wh", {}).location == "file:///x/wh"
 
 
 def test_default_orphan_age_outlasts_any_commit() -> None:
