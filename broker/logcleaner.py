@@ -357,22 +357,28 @@ class LogCleaner:
         changed = False
         removed = 0
         horizons: list[int] = []
-        for c in old:
-            data = await self.log.chunk_data(c)
-            for h in iter_headers(data):
-                f = filter_batch(data, h, offsets, now, policy.delete_retention_ms)
-                changed |= f.changed
-                removed += f.removed
-                if f.horizon is not None:
-                    horizons.append(f.horizon)
-                if f.data is not None:
-                    await writer.add(f.data, h.base_offset, h.last_offset, h.max_timestamp)
-            await asyncio.sleep(0)  # decoding is CPU work: let requests through between chunks
+        try:
+            for c in old:
+                data = await self.log.chunk_data(c)
+                for h in iter_headers(data):
+                    f = filter_batch(data, h, offsets, now, policy.delete_retention_ms)
+                    changed |= f.changed
+                    removed += f.removed
+                    if f.horizon is not None:
+                        horizons.append(f.horizon)
+                    if f.data is not None:
+                        await writer.add(f.data, h.base_offset, h.last_offset, h.max_timestamp)
+                await asyncio.sleep(0)  # decoding is CPU work: let requests through
+            if changed:
+                await writer.finish(max(c.max_timestamp for c in old))
+        except Exception:
+            await self._discard(writer.objects)
+            raise
         next_state = StreamState(clean_end, min(horizons) if horizons else None)
-        if not changed:
+        if not changed:  # objects written for a large range that needed nothing: unused
+            await self._discard(writer.objects)
             self.state[sid] = next_state
             return False
-        await writer.finish(max(c.max_timestamp for c in old))
         old_rows = [
             ChunkRow(sid, c.base_offset, c.last_offset, c.object_id, c.position, c.length,
                      c.max_timestamp)
@@ -384,11 +390,7 @@ class LogCleaner:
             # refused: nobody ever referenced the new objects, delete them now. In doubt: the
             # store undoes the commit later and its garbage collection takes them then.
             if not isinstance(e, CommitInDoubtError):
-                for o in writer.objects:
-                    try:
-                        await self.log.objects.delete(o.key)
-                    except Exception:
-                        log.warning("could not delete unused cleaner object %s", o.key)
+                await self._discard(writer.objects)
             raise
         self.log.replace_chunks(writer.rows, old_rows, {o.object_id: o.key for o in writer.objects})
         self.state[sid] = next_state
@@ -403,6 +405,14 @@ class LogCleaner:
             sid, old[0].base_offset, old[-1].last_offset, removed, before, after,
         )
         return True
+
+    async def _discard(self, objects: list[ObjectRow]) -> None:
+        """Delete objects this pass wrote and no chunk row ever referred to."""
+        for o in objects:
+            try:
+                await self.log.objects.delete(o.key)
+            except Exception:
+                log.warning("could not delete unused cleaner object %s", o.key)
 
     async def _build_offset_map(self, dirty: list[Chunk]) -> tuple[OffsetMap, int]:
         """The map of the dirty chunks that fit (whole chunks, at least one), and the end of

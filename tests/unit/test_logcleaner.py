@@ -288,3 +288,17 @@ async def test_lag_and_dirty_ratio_decide_when_a_partition_is_cleaned(storage: S
     await write_updates(storage, keys=20, rounds=3)
     await settle(storage)
     assert (await cleaner.run_once(late)).streams_cleaned == 1
+
+
+async def test_a_pass_that_changes_nothing_leaves_no_objects_behind(storage: Storage) -> None:
+    """Must survive: a pass over a log with nothing to clean (it may have written objects
+    before knowing that) commits nothing and leaves no unreferenced object in the store."""
+    for i in range(6):
+        await produce(storage, [(b"a%d" % i, b"x" * 50), (b"b%d" % i, b"y" * 50)])
+    await settle(storage)
+    ranges = chunk_ranges(storage)
+    cleaner = LogCleaner(storage, CleanerSettings(chunk_max_bytes=200, object_max_bytes=1))
+    assert (await cleaner.run_once(NOW)).streams_cleaned == 0
+    assert chunk_ranges(storage) == ranges
+    stored = set(await storage.objects.list("stream/"))
+    assert stored == {o.key for o in await storage.meta.objects("stream")}, "leaked objects"
