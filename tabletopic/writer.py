@@ -153,7 +153,8 @@ class TableWriter:
 
     async def _clean_orphans(self) -> None:
         """Data files of commits that never happened (a crash, a lost race) go after the
-        safety age; checked at start and then every few minutes."""
+        safety age (tabletopic.orphans); checked at start, then every quarter of the age
+        (between a minute and an hour)."""
         self._next_orphan_check = time.monotonic() + min(
             3600.0, max(60.0, self.orphan_min_age_s / 4)
         )
