@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from crc32c import crc32c
 
 from broker.protocol.recordcodec import DELETE_HORIZON_BIT, RawRecord, decode_raw, encode_records
-from broker.protocol.records import BatchHeader, iter_headers
+from broker.protocol.records import BatchHeader, iter_headers, read_header
 from broker.storage import Storage, Topic
 from s3stream import walformat
 from s3stream.log import Chunk, LogStore, UnknownStreamError
@@ -208,12 +208,14 @@ def filter_batch(
     tombstones = any(r.value is None for r in keep)
     if not removed and tombstones == has_horizon:
         return Filtered(original, False, 0, h.base_timestamp if has_horizon else None)
+    # the max timestamp of what is kept (LogAppendTime batches: the append time, as it was)
+    max_ts = h.max_timestamp if h.log_append_time else max(r.timestamp for r in keep)
     if tombstones:
         horizon = h.base_timestamp if has_horizon else now_ms + delete_retention_ms
-        data = encode_records(h, keep, h.compression, horizon, delete_horizon=True)
+        data = encode_records(h, keep, h.compression, horizon, True, max_ts)
         return Filtered(data, True, removed, horizon)
     base_ts = keep[0].timestamp if has_horizon else h.base_timestamp
-    data = encode_records(h, keep, h.compression, base_ts, delete_horizon=False)
+    data = encode_records(h, keep, h.compression, base_ts, False, max_ts)
     return Filtered(data, True, removed, None)
 
 
@@ -264,12 +266,14 @@ class _RangeWriter:
         self._next_offset = last + 1
 
     async def finish(self, fallback_ts: int) -> None:
+        """Close the last chunk at `last`. A tail without records gets empty batches (stamped
+        `fallback_ts` if the chunk has no other batch); a chunk holding no record has max
+        timestamp -1, so time lookups and time retention pass over it."""
         start = self._next_offset
-        while start <= self.last:  # the tail holds no record: cover it with empty batches
+        while start <= self.last:
             end = min(self.last, start + _MAX_DELTA)
             ts = self._chunk_ts if self._chunk_ts >= 0 else fallback_ts
             self._chunk.append(empty_batch(start, end, ts))
-            self._chunk_ts = ts
             start = end + 1
         await self._close_chunk(self.last)
         await self._write_object()
@@ -367,7 +371,8 @@ class LogCleaner:
                     if f.horizon is not None:
                         horizons.append(f.horizon)
                     if f.data is not None:
-                        await writer.add(f.data, h.base_offset, h.last_offset, h.max_timestamp)
+                        kept = read_header(f.data)
+                        await writer.add(f.data, h.base_offset, h.last_offset, kept.max_timestamp)
                 await asyncio.sleep(0)  # decoding is CPU work: let requests through
             if changed:
                 await writer.finish(max(c.max_timestamp for c in old))

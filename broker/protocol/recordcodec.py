@@ -197,13 +197,15 @@ def encode_records(
     codec: int,
     base_timestamp: int | None = None,
     delete_horizon: bool | None = None,
+    max_timestamp: int | None = None,
 ) -> bytes:
     """A v2 batch with `h`'s base offset, last offset delta, leader epoch, producer id, epoch,
     base sequence, timestamp type and max timestamp, holding `records` (possibly fewer than
     `h` had, or none), its body compressed with `codec`, CRC computed.
 
     `base_timestamp` (default: h's) is what record timestamps are stored relative to;
-    `delete_horizon` sets or clears the KIP-534 flag (default: as in h)."""
+    `delete_horizon` sets or clears the KIP-534 flag (default: as in h); `max_timestamp`
+    replaces h's (a cleaned batch's is that of the records it keeps)."""
     base_ts = h.base_timestamp if base_timestamp is None else base_timestamp
     body = bytearray()
     for r in records:
@@ -221,7 +223,7 @@ def encode_records(
         attrs,
         h.last_offset_delta,
         base_ts,
-        h.max_timestamp,
+        h.max_timestamp if max_timestamp is None else max_timestamp,
         h.producer_id,
         h.producer_epoch,
         h.base_sequence,

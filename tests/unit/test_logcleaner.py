@@ -14,7 +14,13 @@ import pytest
 from broker.errors import KafkaError
 from broker.logcleaner import CleanerSettings, LogCleaner
 from broker.protocol import records
-from broker.protocol.recordcodec import Record, decode_records, encode_batch
+from broker.protocol.recordcodec import (
+    RawRecord,
+    Record,
+    decode_records,
+    encode_batch,
+    encode_records,
+)
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
@@ -47,8 +53,10 @@ async def storage(tmp_path: Path) -> AsyncIterator[Storage]:
 Rec = tuple[bytes | None, bytes | None]
 
 
-async def produce(storage: Storage, batch: list[Rec], topic: str = "t") -> int:
-    data = encode_batch([(k, v, []) for k, v in batch], timestamp_ms=1_700_000_000_000)
+async def produce(
+    storage: Storage, batch: list[Rec], topic: str = "t", ts: int = 1_700_000_000_000
+) -> int:
+    data = encode_batch([(k, v, []) for k, v in batch], timestamp_ms=ts)
     return (await storage.append(topic, 0, data)).base_offset
 
 
@@ -161,6 +169,35 @@ async def test_tombstone_horizon_starts_at_the_cleaning_that_keeps_it(storage: S
     data = await storage.read("t", 0, 0, 1 << 20, True)
     (h,) = records.iter_headers(data)  # one empty batch covering the whole cleaned range
     assert (h.base_offset, h.last_offset, h.record_count) == (0, 3, 0)
+    # a chunk holding no record has no timestamp: time lookups find nothing there
+    assert [c.max_timestamp for c in storage.log.stream(storage.stream_id("t", 0)).chunks] == [-1]
+    assert await storage.offset_for_time("t", 0, -3) is None
+    assert await storage.offset_for_time("t", 0, 0) is None
+
+
+async def test_cleaned_batches_and_chunks_carry_the_max_timestamp_of_what_they_keep(
+    storage: Storage,
+) -> None:
+    """Must survive: when the newest record of a batch is cleaned away, the batch's and the
+    chunk's max timestamp become those of the records kept, so time retention and ListOffsets
+    by time and max timestamp go by records that exist."""
+    t0 = 1_700_000_000_000
+    two = records.read_header(encode_batch([(b"a", b"1", []), (b"b", b"2", [])]))
+    batch = encode_records(
+        two, [RawRecord(0, t0, b"a", b"1", b"\x00"), RawRecord(1, t0 + 5000, b"b", b"2", b"\x00")],
+        0, base_timestamp=t0, max_timestamp=t0 + 5000,
+    )
+    await storage.append("t", 0, batch)
+    await produce(storage, [(b"b", b"3")], ts=t0 + 1000)  # supersedes the newest record
+    await settle(storage)
+    await LogCleaner(storage, CleanerSettings()).run_once(NOW)
+    got = await read_all(storage)
+    assert [(r.offset, r.key, r.timestamp) for r in got] == [(0, b"a", t0), (2, b"b", t0 + 1000)]
+    data = await storage.read("t", 0, 0, 1 << 20, True)
+    assert [h.max_timestamp for h in records.iter_headers(data)] == [t0, t0 + 1000]
+    chunks = storage.log.stream(storage.stream_id("t", 0)).chunks
+    assert max(c.max_timestamp for c in chunks) == t0 + 1000
+    assert await storage.offset_for_time("t", 0, -3) == (2, t0 + 1000)
 
 
 async def test_bounded_key_map_cleans_in_several_passes(storage: Storage) -> None:
