@@ -321,11 +321,15 @@ class LogCleaner:
         stats = CleanerStats()
         now = _now_ms() if now_ms is None else now_ms
         settled = {o.object_id for o in await self.log.meta.objects("stream")}
+        compacted = []
         for topic in list(self.storage.topics.values()):
             policy = topic.config("cleanup.policy")
             assert isinstance(policy, list)
-            if "compact" not in policy:
-                continue
+            if "compact" in policy:
+                compacted.append(topic)
+        live = {sid for topic in compacted for sid in topic.streams}
+        self.state = {sid: s for sid, s in self.state.items() if sid in live}
+        for topic in compacted:
             for sid in list(topic.streams):
                 try:
                     await self.clean_stream(sid, Policy.of(topic), settled, now, stats)

@@ -339,3 +339,22 @@ async def test_a_pass_that_changes_nothing_leaves_no_objects_behind(storage: Sto
     assert chunk_ranges(storage) == ranges
     stored = set(await storage.objects.list("stream/"))
     assert stored == {o.key for o in await storage.meta.objects("stream")}, "leaked objects"
+
+
+async def test_cleaner_forgets_partitions_that_are_no_longer_compacted(storage: Storage) -> None:
+    """Must survive: the cleaner's per-partition state does not outlive a deleted topic or a
+    topic that stopped being compacted (no state growing with topic churn)."""
+    await produce(storage, [(b"a", b"1"), (b"a", b"2")])
+    await settle(storage)
+    cleaner = LogCleaner(storage, CleanerSettings())
+    await cleaner.run_once(NOW)
+    assert set(cleaner.state) == {storage.stream_id("t", 0)}
+    await storage.set_topic_configs("t", {"cleanup.policy": "delete"}, False)
+    await cleaner.run_once(NOW)
+    assert cleaner.state == {}
+    await storage.set_topic_configs("t", dict(COMPACT), False)
+    await cleaner.run_once(NOW)
+    assert cleaner.state
+    await storage.delete_topic("t")
+    await cleaner.run_once(NOW)
+    assert cleaner.state == {}
