@@ -27,14 +27,14 @@ from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 8
-PRODUCE_SECONDS = 12.0
+PRODUCE_SECONDS = 16.0
 _buckets = itertools.count()
 
-# compaction as often as it goes, WAL objects compacted at any age, replaced objects deleted
+# compaction every 100 ms, WAL objects compacted at any age, replaced objects deleted
 # soon after, small stream objects and chunks, and a cache too small to hold what is read, so
 # catch-up reads go to the object store (and wait for it) while chunk lists are swapped
 RACY = [
-    "--set", "compaction.interval.ms=300", "--set", "compaction.min.age.ms=0",
+    "--set", "compaction.interval.ms=100", "--set", "compaction.min.age.ms=0",
     "--set", "objects.gc.delay.ms=100", "--set", "stream.object.max.bytes=131072",
     "--set", "stream.chunk.max.bytes=16384", "--set", "cache.max.bytes=0",
     "--set", "cache.readahead.bytes=16384",
@@ -70,9 +70,7 @@ class Producing(threading.Thread):
         super().__init__(daemon=True)
         self.acked: dict[tuple[int, int], bytes] = {}
         self.errors: list[str] = []
-        self._topic, self._seconds = topic, seconds
-        self._p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                            "linger.ms": 2, "message.timeout.ms": 60_000})
+        self._servers, self._topic, self._seconds = bootstrap, topic, seconds
 
     def run(self) -> None:
         def done(err: object, m: object) -> None:
@@ -81,15 +79,18 @@ class Producing(threading.Thread):
             else:
                 self.errors.append(str(err))
 
+        p = Producer({"bootstrap.servers": self._servers, "enable.idempotence": True,
+                      "linger.ms": 2, "message.timeout.ms": 60_000})
         end = time.monotonic() + self._seconds
         i = 0
         while time.monotonic() < end:
             for _ in range(40):
-                self._p.produce(self._topic, f"value-{i:08d}-".encode() + b"x" * 150,
-                                partition=i % PARTITIONS, on_delivery=done)
+                p.produce(self._topic, f"value-{i:08d}-".encode() + b"x" * 150,
+                          partition=i % PARTITIONS, on_delivery=done)
                 i += 1
-            self._p.poll(0.002)
-        self._p.flush(60)
+            p.poll(0.002)
+        if p.flush(60):
+            self.errors.append("not everything was delivered")
 
 
 class CatchingUp(threading.Thread):
@@ -141,7 +142,7 @@ def test_catch_up_reads_racing_compaction_skip_nothing(racing_broker: BrokerProc
            "table.topic.commit.interval.ms": "1000"}
     admin.create_topics([NewTopic("race", PARTITIONS, 1, config=cfg)])["race"].result(10)
     producer = Producing(b.bootstrap, "race", PRODUCE_SECONDS)
-    consumers = [CatchingUp(b.bootstrap, "race", 3.0, 1),
+    consumers = [CatchingUp(b.bootstrap, "race", 3.0, 64 * 1024),
                  CatchingUp(b.bootstrap, "race", 6.0, 256 * 1024)]
     producer.start()
     for c in consumers:
@@ -160,7 +161,7 @@ def test_catch_up_reads_racing_compaction_skip_nothing(racing_broker: BrokerProc
         assert not c.errors, c.errors[:3]
         assert not c.gaps, f"{len(c.gaps)} gaps (partition, previous, next): {c.gaps[:5]}"
         assert c.done(), f"consumer stopped at {c.last}, the log ends at {dict(ends)}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 20
     rows = table_rows(b.data_dir, "race")
     while len(rows) < len(acked) and time.monotonic() < deadline:
         time.sleep(0.5)
