@@ -12,6 +12,11 @@ from broker.protocol.codec import RequestHead
 
 CONFIG_SOURCE_TOPIC = 1
 CONFIG_SOURCE_DEFAULT = 5
+# Apache Kafka refuses a CreateTopics / CreatePartitions request that would add more than
+# 10,000 partitions in all (KAFKA-17870, KAFKA-19673): one request must not make the broker
+# create millions of partitions (one hostile int32 would otherwise hold the metadata store).
+MAX_PARTITIONS_PER_REQUEST = 10_000
+TOO_MANY_PARTITIONS = "Excessively large number of partitions per request."
 BROKER_COUNT = 1
 
 
@@ -21,6 +26,12 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     result_cls = nested(head, "CreatableTopicResult")
     results = []
     seen: set[str] = set()
+    default_partitions = ctx.settings["num.partitions"]
+    too_many = sum(
+        len(t.assignments) if t.assignments else
+        default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0)
+        for t in req.topics
+    ) > MAX_PARTITIONS_PER_REQUEST
     for t in req.topics:
         topic_id: uuid.UUID | None = None
         partitions = t.num_partitions
@@ -28,6 +39,8 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         configs = {c.name: c.value for c in t.configs}
         code, message = ErrorCode.none, None
         try:
+            if too_many:
+                raise KafkaError(ErrorCode.policy_violation, TOO_MANY_PARTITIONS)
             if t.name in seen:
                 raise KafkaError(ErrorCode.invalid_request, f"topic {t.name!r} given twice")
             seen.add(t.name)
@@ -131,9 +144,16 @@ async def delete_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
 async def create_partitions(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     result_cls = nested(head, "CreatePartitionsTopicResult")
     results = []
+    existing = ctx.storage.topics
+    too_many = sum(
+        t.count - len(existing[t.name].streams) if t.name in existing else max(t.count, 0)
+        for t in req.topics
+    ) > MAX_PARTITIONS_PER_REQUEST
     for t in req.topics:
         code, message = ErrorCode.none, None
         try:
+            if too_many:
+                raise KafkaError(ErrorCode.policy_violation, TOO_MANY_PARTITIONS)
             await ctx.storage.create_partitions(t.name, t.count, req.validate_only)
         except KafkaError as e:
             code, message = e.code, e.message

@@ -22,6 +22,8 @@ from tests.unit.test_codec_bounds import frame_of, hostile_frames, metadata_v12
 
 pytestmark = pytest.mark.integration
 
+POLICY_VIOLATION = 44
+
 
 def _size_prefixed(frame: bytes) -> bytes:
     return struct.pack(">i", len(frame)) + frame
@@ -78,6 +80,27 @@ def test_unknown_tagged_fields_are_skipped(broker: BrokerProcess) -> None:
         stored = fetch(c, "tags", 0)
         assert stored.high_watermark == 1 and b"tagged" in bytes(stored.records)
         assert api_versions(c).error_code == 0  # same connection goes on
+
+
+def test_a_request_for_millions_of_partitions_is_refused(broker: BrokerProcess) -> None:
+    """Found by the wire fuzz: CreateTopics with num_partitions 6,620,931 (one mutated int32)
+    held the metadata store for minutes, so every produce and topic creation of every client
+    waited. Apache Kafka refuses more than 10,000 new partitions per request with
+    POLICY_VIOLATION (KAFKA-17870, KAFKA-19673); so does floe, and nothing is created."""
+    with RawClient(broker.bootstrap, timeout=10) as c:
+        assert create_topic(c, "huge", partitions=6_620_931).error_code == POLICY_VIOLATION
+        assert create_topic(c, "small", partitions=2).error_code == 0
+        topics = request_class(37, 3, "CreatePartitionsTopic")
+        grow = request_class(37, 3)(
+            topics=(topics(name="small", count=2**31 - 1, assignments=None),),
+            timeout=datetime.timedelta(seconds=5),
+            validate_only=False,
+        )
+        assert c.request(grow).results[0].error_code == POLICY_VIOLATION
+        assert produce(c, "small", {1: make_batch([b"fine"])})[1].error_code == 0
+        meta = c.request(metadata_v12(("huge", "small")))
+        by_name = {t.name: t for t in meta.topics}
+        assert by_name["huge"].error_code != 0 and len(by_name["small"].partitions) == 2
 
 
 def _produce_to(topic: str, records: bytes) -> Any:
