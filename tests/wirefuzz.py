@@ -1,0 +1,249 @@
+"""Mutations of real request frames, and a bounded asyncio sender for them (wire fuzz test).
+
+Everything is driven by one `random.Random(seed)`: given the same captured frames (sorted, so
+capture order does not matter) and the same seed, `mutations` yields the same frames.
+
+Mutations (one to three stacked per frame): bit flips; random byte overwrites; an int16/32/64
+overwritten with a hostile value (huge, negative, -1, 0); a hostile unsigned varint written or
+inserted (2^32-1, 2^35-1, ten-byte, unterminated); truncation; extension; tagged fields injected
+into the header, the body's last tagged section or anywhere; the api key or version swapped
+(so the frame is read with another schema); one frame's head spliced onto another's tail; and
+the 4-byte size prefix made to lie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import struct
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+HOSTILE_INTS = (0, 1, -1, -2, 0x7F, 0x80, 0xFF, 0x7FFF, -0x8000, 0xFFFF, 0x7FFFFFFF,
+                -0x80000000, 0x3FFFFFFF, 0x10000, 0x7FFFFFFFFFFFFFFF, -0x8000000000000000)
+HOSTILE_VARINTS = (
+    b"\xff\xff\xff\xff\x0f",  # 2^32 - 1
+    b"\xff\xff\xff\xff\x7f",  # 2^35 - 1
+    b"\xff" * 9 + b"\x01",  # ten bytes
+    b"\x80\x80\x80\x80\x80",  # never terminated
+    b"\x80\x80\x80\x80\x08",  # 2^31
+    b"\x00",  # null
+    b"\x81\x80\x80\x80\x00",  # 1, not minimal
+)
+
+
+def uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Mutated:
+    """Bytes to send (size prefix included) and what was done, for the failure report."""
+
+    wire: bytes
+    what: str
+
+
+def _pos(rng: random.Random, frame: bytes | bytearray, start: int = 0) -> int:
+    """A position in [start, len(frame)) (or len(frame) itself for a frame that short)."""
+    lo = min(start, len(frame))
+    return rng.randrange(lo, max(len(frame), lo + 1))
+
+
+def bit_flip(rng: random.Random, f: bytearray) -> str:
+    for _ in range(rng.randint(1, 4)):
+        p = _pos(rng, f)
+        if p < len(f):
+            f[p] ^= 1 << rng.randrange(8)
+    return "bitflip"
+
+
+def byte_overwrite(rng: random.Random, f: bytearray) -> str:
+    p = _pos(rng, f, 8)
+    n = rng.randint(1, 8)
+    f[p : p + n] = rng.randbytes(n)
+    return f"bytes@{p}"
+
+
+def int_overwrite(rng: random.Random, f: bytearray) -> str:
+    width = rng.choice((2, 4, 4, 8))
+    value = rng.choice(HOSTILE_INTS)
+    fmt = {2: ">H", 4: ">I", 8: ">Q"}[width]
+    raw = struct.pack(fmt, value & ((1 << (8 * width)) - 1))
+    p = _pos(rng, f, 8)
+    f[p : p + width] = raw
+    return f"int{8 * width}={value}@{p}"
+
+
+def varint_write(rng: random.Random, f: bytearray) -> str:
+    v = rng.choice(HOSTILE_VARINTS)
+    p = _pos(rng, f, 8)
+    if rng.random() < 0.5:
+        f[p : p + len(v)] = v
+        return f"varint-over={v.hex()}@{p}"
+    f[p:p] = v
+    return f"varint-insert={v.hex()}@{p}"
+
+
+def truncate(rng: random.Random, f: bytearray) -> str:
+    n = rng.randrange(len(f)) if f else 0
+    del f[n:]
+    return f"truncate@{n}"
+
+
+def extend(rng: random.Random, f: bytearray) -> str:
+    n = rng.choice((1, 3, 17, 200, 4096))
+    f += rng.randbytes(n) if rng.random() < 0.5 else bytes([rng.choice((0, 0xFF))]) * n
+    return f"extend+{n}"
+
+
+def _tagged(rng: random.Random) -> bytes:
+    n = rng.randint(1, 3)
+    out = bytearray(uvarint(n))
+    for _ in range(n):
+        size = rng.choice((0, 1, 5, 40))
+        lie = rng.random() < 0.2
+        out += uvarint(rng.choice((0, 1, 2, 3, 7, 99, 10_000)))
+        out += uvarint(size + (rng.choice((1, 1000, 2**31)) if lie else 0))
+        out += rng.randbytes(size)
+    return bytes(out)
+
+
+def inject_tagged(rng: random.Random, f: bytearray) -> str:
+    if len(f) < 10:
+        return "inject-skipped"
+    (client_id_len,) = struct.unpack_from(">h", f, 8)
+    header_tags = 10 + max(client_id_len, 0)
+    where = rng.random()
+    if where < 0.4 and header_tags < len(f):  # the header's tagged section (flexible requests)
+        f[header_tags : header_tags + 1] = _tagged(rng)
+        return "tags-in-header"
+    if where < 0.8 and f and f[-1] == 0:  # the body's last tagged section
+        f[-1:] = _tagged(rng)
+        return "tags-at-end"
+    p = _pos(rng, f, 8)
+    f[p:p] = _tagged(rng)
+    return f"tags-insert@{p}"
+
+
+def swap_api(rng: random.Random, f: bytearray, served: dict[int, tuple[int, int]]) -> str:
+    """Read the frame with another schema: another version of its api, or another api."""
+    if len(f) < 4:
+        return "swap-skipped"
+    key = struct.unpack_from(">h", f, 0)[0]
+    if rng.random() < 0.5 or key not in served:
+        key = rng.choice(sorted(served))
+    lo, hi = served[key]
+    version = rng.randint(lo, hi) if rng.random() < 0.9 else rng.choice((-1, hi + 1, 0x7FFF))
+    struct.pack_into(">hh", f, 0, key, version)
+    return f"as-api-{key}-v{version}"
+
+
+@dataclass
+class Mutator:
+    frames: list[bytes]  # real frames, each without size prefix
+    served: dict[int, tuple[int, int]]  # api key -> version range the broker serves
+    rng: random.Random
+    _groups: list[list[bytes]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        by_api: dict[tuple[int, int], list[bytes]] = {}
+        for fr in sorted(self.frames):
+            by_api.setdefault(struct.unpack_from(">hh", fr, 0), []).append(fr)
+        self._groups = [by_api[k] for k in sorted(by_api)]
+
+    def pick(self) -> bytes:
+        """A frame, every (api key, version) seen equally likely."""
+        return self.rng.choice(self.rng.choice(self._groups))
+
+    def mutate(self) -> Mutated:
+        rng = self.rng
+        base = self.pick()
+        f = bytearray(base)
+        ops: list[Callable[[random.Random, bytearray], str]] = [
+            bit_flip, byte_overwrite, int_overwrite, int_overwrite, varint_write, varint_write,
+            truncate, extend, inject_tagged, inject_tagged,
+            lambda r, b: swap_api(r, b, self.served),
+        ]
+        done = []
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            if rng.random() < 0.05:  # splice with another frame
+                other = self.pick()
+                cut = _pos(rng, f)
+                f = f[:cut] + other[_pos(rng, other) :]
+                done.append(f"splice@{cut}")
+            else:
+                done.append(rng.choice(ops)(rng, f))
+        size = len(f)
+        roll = rng.random()
+        if roll < 0.03:
+            size = rng.choice((-1, 0x7FFFFFFF, len(f) + 1000, max(len(f) - 5, 0)))
+            done.append(f"size={size}")
+        head = struct.pack(">i", size)
+        api = struct.unpack_from(">hh", base, 0)
+        return Mutated(head + bytes(f), f"api {api[0]} v{api[1]} ({len(base)} B): "
+                       + ", ".join(done))
+
+
+@dataclass
+class Outcomes:
+    answered: int = 0  # at least one response frame came back
+    closed: int = 0  # the broker closed the connection
+    waited: int = 0  # neither within the wait: we hung up
+    connections: int = 0
+    frames: int = 0
+
+
+async def send_one_connection(address: tuple[str, int], batch: list[Mutated], wait_s: float,
+                              out: Outcomes) -> None:
+    """Send the frames back to back on a fresh connection, read until the broker answers
+    them all, closes, or `wait_s` passes; then hang up."""
+    out.connections += 1
+    out.frames += len(batch)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5)
+    responses = 0
+    closed = False
+    try:
+        with contextlib.suppress(ConnectionError):
+            writer.write(b"".join(m.wire for m in batch))
+            await writer.drain()
+        deadline = time.monotonic() + wait_s
+        while responses < len(batch):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                head = await asyncio.wait_for(reader.readexactly(4), left)
+                (size,) = struct.unpack(">i", head)
+                await asyncio.wait_for(reader.readexactly(size), max(left, 1.0))
+                responses += 1
+            except (asyncio.IncompleteReadError, ConnectionError):
+                closed = True
+                break
+            except TimeoutError:
+                break
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    if responses:
+        out.answered += 1
+    elif closed:
+        out.closed += 1
+    else:
+        out.waited += 1
+
+
+def batches(mutator: Mutator, n_frames: int, max_per_connection: int) -> Iterator[list[Mutated]]:
+    sent = 0
+    while sent < n_frames:
+        k = min(mutator.rng.randint(1, max_per_connection), n_frames - sent)
+        sent += k
+        yield [mutator.mutate() for _ in range(k)]
