@@ -89,6 +89,15 @@ class OffsetMap:
         """Whether adding these keys keeps the map within capacity."""
         return len(self._map) + sum(1 for d in digests if d not in self._map) <= self.capacity
 
+    def add_chunk(self, entries: list[tuple[bytes, int]], first: bool) -> bool:
+        """Put a whole chunk's (digest, offset) entries if they fit (always the first chunk
+        of a pass, so every pass progresses); False, changing nothing, if they do not."""
+        if not first and not self.fits({d for d, _ in entries}):
+            return False
+        for d, off in entries:
+            self.put(d, off)
+        return True
+
     def put(self, digest: bytes, offset: int) -> None:
         if offset > self._map.get(digest, -1):
             self._map[digest] = offset
@@ -219,6 +228,28 @@ def filter_batch(
     return Filtered(data, True, removed, None)
 
 
+def chunk_keys(data: bytes | bytearray) -> list[tuple[bytes, int]]:
+    """(key digest, offset) of every keyed record of a chunk, in offset order."""
+    entries: list[tuple[bytes, int]] = []
+    for h in iter_headers(data):
+        if h.is_control or h.record_count == 0:
+            continue
+        for r in decode_raw(data, h):
+            if r.key is not None:
+                entries.append((key_digest(r.key), h.base_offset + r.offset_delta))
+    return entries
+
+
+def filter_chunk(
+    data: bytes | bytearray, offsets: OffsetMap, now_ms: int, delete_retention_ms: int
+) -> list[tuple[BatchHeader, Filtered]]:
+    """filter_batch for every batch of a chunk."""
+    return [
+        (h, filter_batch(data, h, offsets, now_ms, delete_retention_ms))
+        for h in iter_headers(data)
+    ]
+
+
 def empty_batch(base_offset: int, last_offset: int, timestamp: int) -> bytes:
     """A v2 batch holding no record that spans [base_offset, last_offset] (Kafka retains such
     batches after cleaning; clients move their position past them)."""
@@ -291,8 +322,10 @@ class _RangeWriter:
             return
         ready, self._ready, self._ready_size = self._ready, [], 0
         object_id = await self.log.new_object_id()
-        blob, entries = walformat.encode(
-            object_id, [(self.stream_id, base, last, data) for base, last, data, _ in ready]
+        blob, entries = await asyncio.to_thread(
+            walformat.encode,
+            object_id,
+            [(self.stream_id, base, last, data) for base, last, data, _ in ready],
         )
         key = f"stream/{self.stream_id}/{ready[0][0]:020d}-{object_id}"
         await self.log.put_object(key, blob)
@@ -368,8 +401,12 @@ class LogCleaner:
         try:
             for c in old:
                 data = await self.log.chunk_data(c)
-                for h in iter_headers(data):
-                    f = filter_batch(data, h, offsets, now, policy.delete_retention_ms)
+                # CPU work off the event loop (the GIL still switches every few ms), so
+                # produce and fetch keep their latency while a partition is cleaned
+                filtered = await asyncio.to_thread(
+                    filter_chunk, data, offsets, now, policy.delete_retention_ms
+                )
+                for h, f in filtered:
                     changed |= f.changed
                     removed += f.removed
                     if f.horizon is not None:
@@ -377,7 +414,6 @@ class LogCleaner:
                     if f.data is not None:
                         kept = read_header(f.data)
                         await writer.add(f.data, h.base_offset, h.last_offset, kept.max_timestamp)
-                await asyncio.sleep(0)  # decoding is CPU work: let requests through
             if changed:
                 await writer.finish(max(c.max_timestamp for c in old))
         except Exception:
@@ -430,20 +466,14 @@ class LogCleaner:
         end = 0
         for c in dirty:
             data = await self.log.chunk_data(c)
-            entries: list[tuple[bytes, int]] = []
-            for h in iter_headers(data):
-                if h.is_control or h.record_count == 0:
-                    continue
-                for r in decode_raw(data, h):
-                    if r.key is not None:
-                        entries.append((key_digest(r.key), h.base_offset + r.offset_delta))
-            if end and not offsets.fits({d for d, _ in entries}):
+            if not await asyncio.to_thread(_map_chunk, offsets, data, end == 0):
                 break
-            for d, off in entries:
-                offsets.put(d, off)
             end = c.last_offset + 1
-            await asyncio.sleep(0)
         return offsets, end
+
+
+def _map_chunk(offsets: OffsetMap, data: bytes | bytearray, first: bool) -> bool:
+    return offsets.add_chunk(chunk_keys(data), first)
 
 
 def _now_ms() -> int:
