@@ -67,7 +67,8 @@ class RecordingProxy(ThreadedServer):
         tasks = [asyncio.ensure_future(self._requests(cr, uw)),
                  asyncio.ensure_future(self._responses(ur, cw))]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(asyncio.CancelledError):  # the proxy is stopping
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in tasks:
                 t.cancel()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from crc32c import crc32c
 
@@ -152,29 +153,59 @@ def assign_offsets(
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
+MAX_DECOMPRESSED_BYTES = 256 << 20
+"""Compressed records that inflate beyond this are corrupt. A few kilobytes of zstd or gzip
+can claim gigabytes; decompressing them whole would take that much memory (and cramjam's Rust
+code aborts the process when an allocation fails). 256 MiB is far above what a batch within
+max.message.bytes holds in practice, and far below what would threaten the broker."""
+
+
+def decompress(codec: int, data: bytes | memoryview,
+               max_size: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The records section of a batch, uncompressed; CorruptBatchError if it is not valid
+    `codec` data or would inflate beyond `max_size` bytes (never allocates more)."""
     import cramjam
 
     if codec == 0:
         return bytes(data)
-    if codec == 1:
-        return bytes(cramjam.gzip.decompress(data))
     if codec == 2:
         raw = bytes(data)
         if raw.startswith(_XERIAL_MAGIC):  # the Java client's snappy-java framing
             out = bytearray()
             pos = 16
             while pos < len(raw):
+                if pos + 4 > len(raw):
+                    raise CorruptBatchError("truncated snappy-java chunk header")
                 (n,) = struct.unpack_from(">i", raw, pos)
-                out += cramjam.snappy.decompress_raw(raw[pos + 4 : pos + 4 + n])
+                if n < 0 or pos + 4 + n > len(raw):
+                    raise CorruptBatchError(f"snappy-java chunk of {n} bytes at {pos}")
+                out += _bounded(cramjam.snappy.decompress_raw_into, raw[pos + 4 : pos + 4 + n],
+                                max_size - len(out))
                 pos += 4 + n
             return bytes(out)
-        return bytes(cramjam.snappy.decompress_raw(raw))
-    if codec == 3:
-        return bytes(cramjam.lz4.decompress(data))
-    if codec == 4:
-        return bytes(cramjam.zstd.decompress(data))
-    raise CorruptBatchError(f"unknown compression codec {codec}")
+        return _bounded(cramjam.snappy.decompress_raw_into, raw, max_size)
+    into = {1: cramjam.gzip.decompress_into, 3: cramjam.lz4.decompress_into,
+            4: cramjam.zstd.decompress_into}.get(codec)
+    if into is None:
+        raise CorruptBatchError(f"unknown compression codec {codec}")
+    return _bounded(into, data, max_size)
+
+
+def _bounded(into: Any, data: bytes | memoryview, max_size: int) -> bytes:
+    """Decompress into a buffer that grows 4x per try (from 4x the input), up to max_size."""
+    size = min(max_size, max(1 << 16, 4 * len(data)))
+    while True:
+        buf = bytearray(size)
+        try:
+            n = into(data, buf)
+        except Exception as e:  # cramjam.DecompressionError: corrupt, or the buffer too small
+            if size >= max_size:
+                raise CorruptBatchError(
+                    f"compressed records are corrupt or inflate beyond {max_size} bytes: {e}"
+                ) from e
+            size = min(size * 4, max_size)
+            continue
+        return bytes(memoryview(buf)[:n])
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:

@@ -199,11 +199,19 @@ async def _fuzz(address: tuple[str, int], todo: Iterator[list[Mutated]], broker:
     async def worker() -> None:
         for batch in todo:
             recent.append(batch)
-            await send_one_connection(address, batch, WAIT_S, out)
+            try:
+                await send_one_connection(address, batch, WAIT_S, out)
+            except OSError as e:
+                raise AssertionError(f"broker gone ({_exit(broker)}): {e!r}") from e
             if out.connections % 50 == 0:
-                assert broker.proc is not None and broker.proc.poll() is None, "broker died"
+                assert broker.proc is not None and broker.proc.poll() is None, _exit(broker)
 
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
+
+def _exit(broker: BrokerProcess) -> str:
+    code = broker.proc.poll() if broker.proc is not None else None
+    return "still running" if code is None else f"broker died, exit status {code}"
 
 
 def _dump(path: Path, recent: collections.deque[list[Mutated]]) -> None:
@@ -251,7 +259,7 @@ def test_wire_fuzz(broker: BrokerProcess, captured: list[bytes], tmp_path: Path)
         asyncio.run(_fuzz((host, int(port)), todo, broker, recent, out))
         took = time.monotonic() - started
         alive = broker.proc is not None and broker.proc.poll() is None
-        assert alive, "broker died"
+        assert alive, _exit(broker)
         after = proc_status(pid)
         delivered_during = len(healthy.delivered) - delivered_before
         healthy.stop()

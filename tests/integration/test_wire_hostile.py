@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+import time
 from typing import Any
 
 import pytest
@@ -112,3 +113,64 @@ def _produce_to(topic: str, records: bytes) -> Any:
         timeout=datetime.timedelta(seconds=10),
         topic_data=(td(name=topic, partition_data=(pd(index=0, records=records),)),),
     )
+
+
+def zstd_rle_bomb(n: int) -> bytes:
+    """A valid zstd frame that inflates to `n` zero bytes from 4 bytes per 128 KiB (RLE
+    blocks): 3 GiB take 96 KB, well within max.message.bytes."""
+    block = 128 << 10
+    out = bytearray(b"\x28\xb5\x2f\xfd\x00\x38")  # magic, no content size, 128 KiB window
+    left = n
+    while left > 0:
+        k = min(block, left)
+        left -= k
+        header = (1 if left == 0 else 0) | (1 << 1) | (k << 3)  # last?, RLE, size
+        out += header.to_bytes(3, "little") + b"\0"
+    return bytes(out)
+
+
+def compressed_batch(codec: int, records: bytes, timestamp_ms: int) -> bytes:
+    """A v2 batch of one record whose records section is `records`, with a correct CRC."""
+    from crc32c import crc32c
+
+    after_crc = struct.pack(">hiqqqhii", codec, 0, timestamp_ms, timestamp_ms, -1, -1, -1, 1)
+    body = after_crc + records
+    crc = crc32c(body)
+    return struct.pack(">qiibI", 0, 49 + len(records), -1, 2, crc) + body
+
+
+def test_decompression_bomb_costs_only_its_request(broker: BrokerProcess) -> None:
+    """96 KB of zstd claiming 3 GiB, stored with a valid CRC, then read by ListOffsets by
+    timestamp: before, cramjam inflated it whole and (with the address space capped at 1 GiB
+    above the broker's) Rust aborted the broker; now it is corrupt beyond 256 MiB, the request
+    fails alone and the broker serves the next one."""
+    import resource
+
+    from tests.integration.test_wire_fuzz import proc_status
+
+    assert broker.proc is not None
+    limit = proc_status(broker.proc.pid)["VmSize"] + (1 << 30)
+    resource.prlimit(broker.proc.pid, resource.RLIMIT_AS, (limit, limit))
+    now_ms = 1_700_000_000_000
+    with RawClient(broker.bootstrap, timeout=30) as c:
+        assert create_topic(c, "bomb").error_code == 0
+        batch = compressed_batch(4, zstd_rle_bomb(3 << 30), now_ms)
+        assert produce(c, "bomb", {0: batch})[0].error_code == 0
+    lo_topic = request_class(2, 7, "ListOffsetsTopic")
+    lo_part = request_class(2, 7, "ListOffsetsPartition")
+    by_time = request_class(2, 7)(
+        replica_id=-1, isolation_level=0,
+        topics=(lo_topic(name="bomb", partitions=(lo_part(partition_index=0,
+                                                          timestamp=now_ms - 1),)),),
+    )
+    with RawClient(broker.bootstrap, timeout=30) as c:
+        try:
+            part = c.request(by_time).topics[0].partitions[0]
+            assert part.error_code != 0  # an error for this partition is fine too
+        except ConnectionError:
+            pass  # the request cost its connection
+    time.sleep(0.5)  # an abort takes a moment to show
+    assert broker.proc.poll() is None, broker.log()[-3000:]
+    with RawClient(broker.bootstrap) as c:
+        assert produce(c, "bomb", {0: make_batch([b"after"])})[0].error_code == 0
+        assert fetch(c, "bomb", 0).high_watermark == 2
