@@ -11,13 +11,15 @@ the latest record of each key and drops the rest:
   next surviving record.
 - Cleanable part: the leading run of chunks that live in stream objects (chunks still in WAL
   objects are the "active segment": compaction has not settled them yet) and whose newest
-  record is older than `min.compaction.lag.ms`.
+  record is older than `min.compaction.lag.ms`. A chunk's age is that of its newest record,
+  so min.compaction.lag.ms is never cut short, and max.compaction.lag.ms may be exceeded by
+  up to the time one chunk spans.
 - A partition is cleaned when the dirty part (written since the last cleaning) is at least
   `min.cleanable.dirty.ratio` of the cleanable bytes, when its oldest dirty chunk is older than
-  `max.compaction.lag.ms`, when a kept tombstone's delete horizon has passed, or on the first
-  pass after start (the cleaning checkpoint is kept in memory only). A chunk's age is that of
-  its newest record, so min.compaction.lag.ms is never cut short, and max.compaction.lag.ms
-  may be exceeded by up to the time one chunk spans.
+  `max.compaction.lag.ms`, or when a kept tombstone's delete horizon has passed. Each pass
+  rewrites from the log start. The checkpoint (where the dirty part starts) survives
+  restarts: the cleaner writes its objects with kind "cleaned", and the leading run of chunks
+  in such objects is clean. A partition never cleaned is cleaned on the first pass.
 - Tombstones (null value): the first cleaning that keeps one stamps its batch with a delete
   horizon of now + `delete.retention.ms` (KIP-534: attribute bit 6, base timestamp = horizon,
   record timestamps unchanged); a later cleaning after the horizon removes them.
@@ -59,6 +61,7 @@ from s3stream.objectstore import ObjectNotFoundError
 
 log = logging.getLogger(__name__)
 
+CLEANED_KIND = "cleaned"  # objects table kind of what the cleaner writes: its checkpoint
 BYTES_PER_KEY = 144  # measured: a 16-byte digest -> offset entry of a Python dict
 _MAX_DELTA = 2**31 - 1
 
@@ -141,6 +144,7 @@ class CleanerStats:
     bytes_before: int = 0
     bytes_after: int = 0
     abandoned: int = 0
+    bytes_read: int = 0  # chunk bytes read to build key maps and to filter
 
 
 # ------------------------------------------------------------------------------------------
@@ -329,7 +333,7 @@ class _RangeWriter:
         )
         key = f"stream/{self.stream_id}/{ready[0][0]:020d}-{object_id}"
         await self.log.put_object(key, blob)
-        self.objects.append(ObjectRow(object_id, key, len(blob), "stream", _now_ms()))
+        self.objects.append(ObjectRow(object_id, key, len(blob), CLEANED_KIND, _now_ms()))
         for e, (_b, _l, _d, ts) in zip(entries, ready, strict=True):
             self.rows.append(
                 ChunkRow(
@@ -348,12 +352,14 @@ class LogCleaner:
         self.log = storage.log
         self.settings = settings
         self.state: dict[int, StreamState] = {}
+        self._cleaned: set[int] = set()  # ids of objects the cleaner wrote (kind "cleaned")
 
     async def run_once(self, now_ms: int | None = None) -> CleanerStats:
         """One pass over every partition of every compacted topic."""
         stats = CleanerStats()
         now = _now_ms() if now_ms is None else now_ms
-        settled = {o.object_id for o in await self.log.meta.objects("stream")}
+        self._cleaned = {o.object_id for o in await self.log.meta.objects(CLEANED_KIND)}
+        settled = {o.object_id for o in await self.log.meta.objects("stream")} | self._cleaned
         compacted = []
         for topic in list(self.storage.topics.values()):
             policy = topic.config("cleanup.policy")
@@ -383,13 +389,17 @@ class LogCleaner:
         if not cleanable:
             return False
         state = self.state.get(sid)
+        if state is None:
+            state = self._recover_state(cleanable, policy, now)
+            if state is not None:
+                self.state[sid] = state
         if not clean_due(cleanable, state, policy, now):
             return False
         end = cleanable[-1].last_offset + 1
         first_dirty = cleanable[0].base_offset if state is None else state.first_dirty
         first_dirty = min(max(first_dirty, cleanable[0].base_offset), end)
         offsets, clean_end = await self._build_offset_map(
-            [c for c in cleanable if c.last_offset >= first_dirty]
+            [c for c in cleanable if c.last_offset >= first_dirty], stats
         )
         clean_end = max(clean_end, first_dirty) if clean_end > 0 else end
         old = [c for c in cleanable if c.last_offset < clean_end]
@@ -401,6 +411,7 @@ class LogCleaner:
         try:
             for c in old:
                 data = await self.log.chunk_data(c)
+                stats.bytes_read += len(data)
                 # CPU work off the event loop (the GIL still switches every few ms), so
                 # produce and fetch keep their latency while a partition is cleaned
                 filtered = await asyncio.to_thread(
@@ -451,6 +462,20 @@ class LogCleaner:
         )
         return True
 
+    def _recover_state(
+        self, cleanable: list[Chunk], policy: Policy, now: int
+    ) -> StreamState | None:
+        """The checkpoint of a stream this process has not cleaned yet: the leading run of
+        chunks in objects the cleaner wrote is clean (each pass rewrites from the log start).
+        Delete horizons are not known without reading: every tombstone kept before is due by
+        now + delete.retention.ms, so a pass is due then. None: never cleaned."""
+        end = -1
+        for c in cleanable:
+            if c.object_id not in self._cleaned:
+                break
+            end = c.last_offset + 1
+        return None if end < 0 else StreamState(end, now + policy.delete_retention_ms)
+
     async def _discard(self, objects: list[ObjectRow]) -> None:
         """Delete objects this pass wrote and no chunk row ever referred to."""
         for o in objects:
@@ -459,13 +484,16 @@ class LogCleaner:
             except Exception:
                 log.warning("could not delete unused cleaner object %s", o.key)
 
-    async def _build_offset_map(self, dirty: list[Chunk]) -> tuple[OffsetMap, int]:
+    async def _build_offset_map(
+        self, dirty: list[Chunk], stats: CleanerStats
+    ) -> tuple[OffsetMap, int]:
         """The map of the dirty chunks that fit (whole chunks, at least one), and the end of
         the last chunk taken (0 when there is no dirty chunk)."""
         offsets = OffsetMap(self.settings.max_keys)
         end = 0
         for c in dirty:
             data = await self.log.chunk_data(c)
+            stats.bytes_read += len(data)
             if not await asyncio.to_thread(_map_chunk, offsets, data, end == 0):
                 break
             end = c.last_offset + 1
