@@ -25,7 +25,7 @@ from broker.protocol.recordcodec import (
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
-from s3stream.metadata import SqliteMetadataStore
+from s3stream.metadata import SqliteMetadataStore, open_metadata_store
 from s3stream.objectstore import open_object_store
 from tests.faults import FaultyStore
 
@@ -34,18 +34,22 @@ COMPACT = {"cleanup.policy": "compact", "delete.retention.ms": str(RETENTION_MS)
 NOW = 1_700_000_000_000 + 3_600_000  # well after every record's timestamp (encode_batch ts)
 
 
-async def open_storage(root: Path, faulty: bool = False) -> Storage:
+async def open_storage(root: Path, faulty: bool = False, meta_url: str | None = None) -> Storage:
     objects = open_object_store((root / "objects").as_uri())
     store = FaultyStore(objects) if faulty else objects
-    meta = SqliteMetadataStore(root / "meta.db")
+    meta = SqliteMetadataStore(root / "meta.db") if meta_url is None else open_metadata_store(
+        meta_url
+    )
     storage = Storage(store, meta, WalSettings(flush_interval_ms=1))
     await storage.open()
     return storage
 
 
-@pytest.fixture
-async def storage(tmp_path: Path) -> AsyncIterator[Storage]:
-    s = await open_storage(tmp_path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
+    """A Storage with one compacted topic "t", metadata in SQLite and in PostgreSQL."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+    s = await open_storage(tmp_path, meta_url=url)
     await s.create_topic("t", 1, {**COMPACT})
     yield s
     await s.close()
