@@ -103,6 +103,8 @@ def apply(data: bytes, config: TopicConfig) -> tuple[bytes, list[records.BatchHe
                 data = b"".join(recompress(data, h, target) for h in batches)
                 batches = records.iter_headers(data)
                 check_size(batches, config)
-    except records.CorruptBatchError as e:  # records inside a batch that do not parse
-        raise KafkaError(ErrorCode.corrupt_message, str(e)) from None
+    except KafkaError:
+        raise
+    except Exception as e:  # a body that does not decompress, records that do not parse
+        raise KafkaError(ErrorCode.corrupt_message, f"records do not decode: {e!r}") from None
     return data, batches

@@ -121,3 +121,24 @@ def test_lz4_frames_have_independent_blocks() -> None:
     frame = compress(3, b"abc" * 100_000)
     assert frame[:4] == bytes.fromhex("04224d18")
     assert frame[4] & 0x20, f"FLG {frame[4]:08b}: linked blocks"
+
+
+def test_a_body_that_does_not_decompress_is_corrupt_message() -> None:
+    """Must survive: a batch with a valid CRC whose compressed body is garbage is answered
+    CORRUPT_MESSAGE when a topic config needs its records (compaction key check,
+    recompression, timestamp bounds), not an exception that costs the connection."""
+    import struct
+
+    from crc32c import crc32c
+
+    good = batch(4, (-1, -1, -1))
+    body = b"\x00" * 40  # not a zstd frame
+    after_crc = good[21:61] + body
+    head = struct.pack(">qiib", 0, len(after_crc) + 9, -1, 2)
+    bad = head + struct.pack(">I", crc32c(after_crc)) + after_crc
+    for configs in ({"cleanup_policy": "compact"}, {"compression_type": "gzip"},
+                    {"message_timestamp_before_max_ms": "1000"}):
+        with pytest.raises(KafkaError) as e:
+            recordpolicy.apply(bad, topic(**configs).config)
+        assert e.value.code == 2, configs  # CORRUPT_MESSAGE
+    recordpolicy.apply(bad, topic().config)  # nothing needs the records: stored as sent
