@@ -126,7 +126,9 @@ def test_lz4_frames_have_independent_blocks() -> None:
 def test_a_body_that_does_not_decompress_is_corrupt_message() -> None:
     """Must survive: a batch with a valid CRC whose compressed body is garbage is answered
     CORRUPT_MESSAGE when a topic config needs its records (compaction key check,
-    recompression, timestamp bounds), not an exception that costs the connection."""
+    recompression, timestamp bounds), not an exception that costs the connection. (records.
+    decompress raises CorruptBatchError since 710c7e5; recordpolicy also maps any other
+    decoding failure to CORRUPT_MESSAGE.)"""
     import struct
 
     from crc32c import crc32c
