@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from crc32c import crc32c
+
 HOSTILE_INTS = (0, 1, -1, -2, 0x7F, 0x80, 0xFF, 0x7FFF, -0x8000, 0xFFFF, 0x7FFFFFFF,
                 -0x80000000, 0x3FFFFFFF, 0x10000, 0x7FFFFFFFFFFFFFFF, -0x8000000000000000)
 HOSTILE_VARINTS = (
@@ -133,6 +135,47 @@ def inject_tagged(rng: random.Random, f: bytearray) -> str:
     return f"tags-insert@{p}"
 
 
+def batch_spans(frame: bytes) -> list[tuple[int, int]]:
+    """(start, end) of every record batch (magic 2, CRC-32C right) inside a frame."""
+    spans = []
+    p = 0
+    while True:
+        p = frame.find(b"\x02", p + 1)
+        if p < 16:
+            if p == -1:
+                return spans
+            continue
+        start = p - 16
+        (length,) = struct.unpack_from(">i", frame, start + 8)
+        end = start + 12 + length
+        crc = struct.unpack_from(">I", frame, start + 17)[0]
+        if length >= 49 and end <= len(frame) and crc32c(frame[start + 21 : end]) == crc:
+            spans.append((start, end))
+            p = end - 1
+
+
+def batch_inside(rng: random.Random, f: bytearray, spans: list[tuple[int, int]]) -> str:
+    """Mutate a record batch's header fields or records and fix its CRC, so the broker
+    stores or reads it instead of refusing it for the checksum."""
+    start, end = rng.choice(spans)
+    field_at = rng.choice((21, 22, 23, 27, 35, 43, 51, 53, 57, 61, -1))
+    if field_at == 21 or field_at == 22:  # attributes: codec, timestamp type, txn, control
+        f[start + 22] = rng.randrange(256) if rng.random() < 0.3 else (
+            (f[start + 22] & ~0x07) | rng.randrange(8))
+    elif field_at == -1 or start + field_at >= end:  # inside the records
+        sub = bytearray(f[start + 61 : end])
+        rng.choice((bit_flip, int_overwrite, varint_write, byte_overwrite))(rng, sub)
+        del sub[end - start - 61 :]
+        sub += bytes(max(0, end - start - 61 - len(sub)))
+        f[start + 61 : end] = sub
+    else:
+        width = 8 if field_at in (27, 35, 43) else 2 if field_at == 51 else 4
+        value = rng.choice(HOSTILE_INTS) & ((1 << (8 * width)) - 1)
+        f[start + field_at : start + field_at + width] = value.to_bytes(width, "big")
+    struct.pack_into(">I", f, start + 17, crc32c(bytes(f[start + 21 : end])))
+    return f"batch@{start}+{field_at}"
+
+
 def swap_api(rng: random.Random, f: bytearray, served: dict[int, tuple[int, int]]) -> str:
     """Read the frame with another schema: another version of its api, or another api."""
     if len(f) < 4:
@@ -152,6 +195,7 @@ class Mutator:
     served: dict[int, tuple[int, int]]  # api key -> version range the broker serves
     rng: random.Random
     _groups: list[list[bytes]] = field(init=False)
+    _spans: dict[bytes, list[tuple[int, int]]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         by_api: dict[tuple[int, int], list[bytes]] = {}
@@ -173,6 +217,14 @@ class Mutator:
             lambda r, b: swap_api(r, b, self.served),
         ]
         done = []
+        if base[:2] == b"\x00\x00":  # Produce: often mutate inside a batch, CRC fixed
+            spans = self._spans.get(base)
+            if spans is None:
+                spans = self._spans[base] = batch_spans(base)
+            if spans and rng.random() < 0.6:
+                for _ in range(rng.choice((1, 1, 2))):
+                    done.append(batch_inside(rng, f, spans))
+                return self._finish(base, f, done)
         for _ in range(rng.choice((1, 1, 2, 3))):
             if rng.random() < 0.05:  # splice with another frame
                 other = self.pick()
@@ -181,6 +233,10 @@ class Mutator:
                 done.append(f"splice@{cut}")
             else:
                 done.append(rng.choice(ops)(rng, f))
+        return self._finish(base, f, done)
+
+    def _finish(self, base: bytes, f: bytearray, done: list[str]) -> Mutated:
+        rng = self.rng
         size = len(f)
         roll = rng.random()
         if roll < 0.03:

@@ -20,6 +20,7 @@ Batch layout (big endian), offsets from the start of the batch:
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -192,20 +193,24 @@ def decompress(codec: int, data: bytes | memoryview,
 
 
 def _bounded(into: Any, data: bytes | memoryview, max_size: int) -> bytes:
-    """Decompress into a buffer that grows 4x per try (from 4x the input), up to max_size."""
+    """Decompress into a buffer that grows 4x per try (from 4x the input), up to max_size.
+
+    The buffer is an anonymous mapping: pages cost memory only once written, so a corrupt
+    input (which fails on every try) or a small output never touches the untouched rest."""
     size = min(max_size, max(1 << 16, 4 * len(data)))
     while True:
-        buf = bytearray(size)
+        buf = mmap.mmap(-1, max(size, 1))
         try:
             n = into(data, buf)
+            return buf[:n]
         except Exception as e:  # cramjam.DecompressionError: corrupt, or the buffer too small
             if size >= max_size:
                 raise CorruptBatchError(
                     f"compressed records are corrupt or inflate beyond {max_size} bytes: {e}"
                 ) from e
             size = min(size * 4, max_size)
-            continue
-        return bytes(memoryview(buf)[:n])
+        finally:
+            buf.close()
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
