@@ -57,6 +57,7 @@ class OffsetOutOfRangeError(Exception):
 
 
 READ_ATTEMPTS = 5  # a read that keeps racing chunk swaps gives up (retriable) after this many
+READ_CONCURRENCY = 8  # range GETs one read has in flight at once
 
 
 @dataclass(slots=True)
@@ -447,24 +448,16 @@ class LogStore:
             raise OffsetOutOfRangeError(f"offset {offset} is below the log start {st.start_offset}")
         if offset >= st.end_offset or not chunks:
             return []
-        i = max(0, bisect.bisect_right(bases, offset) - 1)
-        out: list[ChunkData] = []
-        total = 0
-        while i < len(chunks) and (not out or total < max_bytes):
-            c = chunks[i]
-            data = self.cache.get((c.object_id, c.position))
-            if data is None:
-                data = await self._read_ahead(chunks, i)
-            out.append(
-                ChunkData(
-                    c.base_offset,
-                    c.last_offset,
-                    bytes(data) if isinstance(data, bytearray) else data,
-                )
-            )
-            total += len(data)
-            i += 1
-        return out
+        first = max(0, bisect.bisect_right(bases, offset) - 1)
+        end, total = first, 0  # the chunks wanted: from the one holding offset to max_bytes
+        while end < len(chunks) and (end == first or total < max_bytes):
+            total += chunks[end].length
+            end += 1
+        got = await self._fetch(chunks, first, end)
+        return [
+            ChunkData(c.base_offset, c.last_offset, got[(c.object_id, c.position)])
+            for c in chunks[first:end]
+        ]
 
     def _key(self, object_id: int) -> str:
         key = self._object_keys.get(object_id)
@@ -472,32 +465,61 @@ class LogStore:
             raise ObjectNotFoundError(f"object {object_id}")
         return key
 
-    async def _read_ahead(self, chunks: list[Chunk], i: int) -> bytes | bytearray:
-        """Read chunks[i] (of a snapshot) with one range GET that also covers the following
-        chunks stored right after it in the same object (up to the read-ahead budget), caching
-        all of them: catch-up readers then find the next chunks in memory."""
-        first = chunks[i]
-        run = [first]
-        for c in chunks[i + 1 :]:
-            prev = run[-1]
-            if (
-                c.object_id != first.object_id
-                or c.position != prev.position + prev.length
-                or c.position + c.length - first.position > self.settings.readahead_bytes
-                or self.cache.get((c.object_id, c.position)) is not None
-            ):
-                break
-            run.append(c)
-        end = run[-1].position + run[-1].length
-        blob = await self.objects.get_range(
-            self._key(first.object_id), first.position, end - first.position
+    def _extends(self, run: list[Chunk], c: Chunk) -> bool:
+        """Whether `c` is stored right after the run in the same object, within the
+        read-ahead budget (so one range GET can cover both)."""
+        head, last = run[0], run[-1]
+        return (
+            c.object_id == head.object_id
+            and c.position == last.position + last.length
+            and c.position + c.length - head.position <= self.settings.readahead_bytes
         )
-        for c in run:
-            self.cache.put(
-                (c.object_id, c.position),
-                blob[c.position - first.position : c.position - first.position + c.length],
-            )
-        return blob[: first.length]
+
+    async def _fetch(
+        self, chunks: list[Chunk], first: int, end: int
+    ) -> dict[tuple[int, int], bytes]:
+        """The bytes of chunks[first:end] (of a snapshot), by (object id, position): from the
+        cache, else by range GETs, each covering a run of chunks stored back to back in one
+        object, up to READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one
+        GET per chunk). The last run reads ahead over the chunks stored after it, within the
+        read-ahead budget; everything fetched is cached, so the next read finds it."""
+        got: dict[tuple[int, int], bytes] = {}
+        runs: list[list[Chunk]] = []
+        missed = -2  # index of the last chunk that was not in the cache
+        for k in range(first, end):
+            c = chunks[k]
+            data = self.cache.get((c.object_id, c.position))
+            if data is not None:
+                got[(c.object_id, c.position)] = bytes(data)  # a copy only if a bytearray
+                continue
+            if runs and missed == k - 1 and self._extends(runs[-1], c):
+                runs[-1].append(c)
+            else:
+                runs.append([c])
+            missed = k
+        if runs and missed == end - 1:  # read ahead over what is stored after the last run
+            for c in chunks[end:]:
+                if self.cache.get((c.object_id, c.position)) is not None or not self._extends(
+                    runs[-1], c
+                ):
+                    break
+                runs[-1].append(c)
+        limit = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def get(run: list[Chunk]) -> None:
+            head, last = run[0], run[-1]
+            size = last.position + last.length - head.position
+            async with limit:
+                blob = await self.objects.get_range(self._key(head.object_id), head.position, size)
+            for c in run:
+                part = blob[c.position - head.position : c.position - head.position + c.length]
+                self.cache.put((c.object_id, c.position), part)
+                got[(c.object_id, c.position)] = part
+
+        for r in await asyncio.gather(*(get(r) for r in runs), return_exceptions=True):
+            if isinstance(r, BaseException):  # every GET has finished: nothing left running
+                raise r
+        return got
 
     async def chunk_data(self, c: Chunk) -> bytes | bytearray:
         """The bytes of one chunk (of a snapshot); ObjectNotFoundError if it was replaced and

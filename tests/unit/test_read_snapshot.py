@@ -101,3 +101,40 @@ def test_contiguity_check() -> None:
         check_contiguous([ChunkData(0, 9, b""), ChunkData(11, 19, b"")], 5)  # a gap
     with pytest.raises(ReadRaceError):
         check_contiguous([ChunkData(10, 19, b"")], 5)  # does not hold the offset
+
+
+async def test_a_catch_up_read_gets_chunks_of_different_objects_concurrently(
+    tmp_path: Path,
+) -> None:
+    """One read of many WAL chunks (one object each) has several range GETs in flight, and
+    still returns every chunk in offset order."""
+
+    class Overlapping(MemoryObjectStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_flight = self.most = 0
+
+        async def get_range(self, key: str, start: int, length: int) -> bytes:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            await asyncio.sleep(0.01)
+            self.in_flight -= 1
+            return await super().get_range(key, start, length)
+
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    _t, streams = await meta.create_topic("t", 1, {})
+    store = Overlapping()
+    log = LogStore(store, meta, WalSettings(cache_max_bytes=0))
+    await log.open(streams, [])
+    st = log.stream(streams[0].stream_id)
+    for i in range(20):
+        await store.put(f"wal/{i}", b"h" * 24 + bytes([i]) * 100)
+        log._object_keys[i] = f"wal/{i}"
+        st.add_chunk(Chunk(i * 10, i * 10 + 9, i, 24, 100, 0))
+    st.end_offset = st.next_offset = 200
+    got = await log.read(st.stream_id, 0, 10_000)
+    assert got == [(i * 10, bytes([i]) * 100) for i in range(20)]
+    assert store.most > 1, "one GET at a time"
+    await log.close()
+    await meta.close()
