@@ -5,12 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from broker.config import TOPIC_CONFIGS
+from broker.config import TOPIC_BROKER_DEFAULTS, TOPIC_CONFIGS, topic_defaults
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 CONFIG_SOURCE_TOPIC = 1
+CONFIG_SOURCE_STATIC_BROKER = 4
 CONFIG_SOURCE_DEFAULT = 5
 # Apache Kafka refuses a CreateTopics / CreatePartitions request that would add more than
 # 10,000 partitions in all (KAFKA-17870, KAFKA-19673): one request must not make the broker
@@ -81,14 +82,12 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                     build(
                         entry_cls,
                         name=name,
-                        value=configs.get(name, d.default),
+                        value=value,
                         read_only=False,
                         is_sensitive=False,
-                        config_source=CONFIG_SOURCE_TOPIC
-                        if name in configs
-                        else CONFIG_SOURCE_DEFAULT,
+                        config_source=source,
                     )
-                    for name, d in sorted(TOPIC_CONFIGS.items())
+                    for name, value, source in _effective_configs(ctx, configs)
                 )
         results.append(
             build(
@@ -159,3 +158,23 @@ async def create_partitions(ctx: BrokerContext, head: RequestHead, req: Any) -> 
             code, message = e.code, e.message
         results.append(build(result_cls, name=t.name, error_code=code, error_message=message))
     return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))
+
+
+def _effective_configs(
+    ctx: BrokerContext, configs: dict[str, str | None]
+) -> list[tuple[str, str | None, int]]:
+    """(name, value, source) of every topic config of a new topic, as DescribeConfigs would
+    answer: set on the topic, else the broker setting it defaults to, else Kafka's default."""
+    broker = topic_defaults(ctx.settings)
+    out = []
+    for name, d in sorted(TOPIC_CONFIGS.items()):
+        if name in configs:
+            out.append((name, configs[name], CONFIG_SOURCE_TOPIC))
+        elif name in TOPIC_BROKER_DEFAULTS:
+            broker_key = TOPIC_BROKER_DEFAULTS[name]
+            set_on_broker = ctx.settings.sources.get(broker_key, "default") != "default"
+            source = CONFIG_SOURCE_STATIC_BROKER if set_on_broker else CONFIG_SOURCE_DEFAULT
+            out.append((name, broker.get(name, d.default), source))
+        else:
+            out.append((name, d.default, CONFIG_SOURCE_DEFAULT))
+    return out

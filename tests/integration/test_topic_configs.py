@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, New
 from broker.protocol import records
 from broker.protocol.recordcodec import decode_records
 from tests.brokerproc import BrokerProcess
-from tests.integration.test_bad_input import fetch
+from tests.integration.test_bad_input import create_topic, fetch
 from tests.rawclient import RawClient
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
 
@@ -310,6 +310,11 @@ def test_message_max_bytes_is_the_topic_default(
     described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "small")])
     entry = next(iter(described.values())).result(10)["max.message.bytes"]
     assert entry.value == "3000" and entry.source == ConfigSource.STATIC_BROKER_CONFIG.value
+    with RawClient(broker.bootstrap) as c:  # CreateTopics v5+ answers with the same configs
+        created = create_topic(c, "small-raw", configs={"compression.type": "zstd"})
+    returned = {e.name: (e.value, e.config_source) for e in created.configs}
+    assert returned["max.message.bytes"] == ("3000", ConfigSource.STATIC_BROKER_CONFIG.value)
+    assert returned["compression.type"] == ("zstd", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
     p = Producer({"bootstrap.servers": broker.bootstrap, "retries": 0})
     errors: dict[str, KafkaError | None] = {}
     for topic in ("small", "big"):
