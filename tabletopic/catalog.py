@@ -2,7 +2,8 @@
 
 sqlite:///PATH            pyiceberg's SQL catalog (Iceberg's Java JdbcCatalog reads it too)
 postgresql://USER@HOST/DB the same catalog in PostgreSQL
-rest+http(s)://HOST/PATH  an Iceberg REST catalog
+rest+http(s)://…          refused for now: no REST catalog server can be run and tested here,
+                          and an untested catalog is not offered (see README)
 
 The warehouse URL (tabletopic.warehouse) gives the catalog its `warehouse` location and the
 FileIO properties every table is opened with: DurableFileIO (local files fsynced before the
@@ -36,9 +37,8 @@ def open_catalog(url: str, warehouse: str, name: str = "floe") -> Catalog:
         uri = "postgresql+psycopg://" + url.split("://", 1)[1]
         return SqlCatalog(name, uri=uri, **props)
     if url.startswith(("rest+http://", "rest+https://")):
-        from pyiceberg.catalog.rest import RestCatalog
-
-        return RestCatalog(name, uri=url[len("rest+") :], **props)
-    raise ValueError(
-        f"unsupported catalog URL {url!r} (sqlite:///…, postgresql://…, rest+http://…)"
-    )
+        raise ValueError(
+            f"catalog {url!r}: Iceberg REST catalogs are not supported yet (floe's commit "
+            "protocol is tested only against the SQL catalog); use sqlite:///… or postgresql://…"
+        )
+    raise ValueError(f"unsupported catalog URL {url!r} (sqlite:///…, postgresql://…)")

@@ -113,3 +113,13 @@ def test_a_bad_warehouse_url_stops_the_broker_before_it_listens(tmp_path: Path) 
     )
     with pytest.raises(RuntimeError, match="unknown S3 URL parameter 'endpiont'"):
         broker.start()
+
+
+def test_a_rest_catalog_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    """No REST catalog server could be tested here, so the broker refuses one at start rather
+    than offering an untested exactly-once path."""
+    broker = BrokerProcess(
+        data_dir=tmp_path / "data", extra_args=["--catalog", "rest+http://127.0.0.1:1/api"]
+    )
+    with pytest.raises(RuntimeError, match="REST catalogs are not supported yet"):
+        broker.start()
