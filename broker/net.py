@@ -155,6 +155,8 @@ class KafkaConnection(asyncio.Protocol):
                 continue
             if isinstance(result, Later):
                 result = asyncio.ensure_future(result.coro)
+                # if the connection goes first, nobody awaits it: its error is noted here
+                result.add_done_callback(_note_unawaited_error)
             await self._outbox.put((head, result))
 
     async def _write(self) -> None:
@@ -176,6 +178,11 @@ class KafkaConnection(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 return
             self.transport.write(frame)
+
+
+def _note_unawaited_error(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("deferred response failed: %s", _one_line(fut.exception() or Exception()))
 
 
 def _one_line(e: BaseException) -> str:

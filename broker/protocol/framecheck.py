@@ -83,6 +83,7 @@ class _Field:
     size: int  # bytes of a _FIXED value
     array: bool
     nullable_marker: bool  # a (non-array) struct that may be null: int8 marker first
+    nullable: bool  # the array, string or bytes may be null (its schema says so)
     entity: _Plan | None
     min_size: int  # smallest encoding of one value (one array element, for arrays)
 
@@ -141,7 +142,11 @@ def _compile(entity_type: type[Any]) -> _Plan:
                     kind, min_size = _LEGACY_BYTES, 4
             else:
                 raise TypeError(f"{entity_type.__name__}.{f.name}: kafka type {kafka_type!r}")
-        field = _Field(f.name, kind, size, cls.is_array, nullable_marker, entity, min_size)
+        # A null where the schema has no null is refused here, as Apache Kafka's readers do
+        # (kio would hand handlers a None there); tagged fields are left to kio.
+        nullable = is_optional(f) or tag is not None or (is_header and f.name == "client_id")
+        field = _Field(f.name, kind, size, cls.is_array, nullable_marker, nullable, entity,
+                       min_size)
         if tag is not None:
             tagged[int(tag)] = field
         else:
@@ -249,6 +254,8 @@ def _walk_field(
         pos += 4
         if count < -1:
             raise MalformedFrame(f"array {field.name}: count {count}")
+    if count == -1 and not field.nullable:
+        raise MalformedFrame(f"array {field.name}: null, but it is not nullable")
     if count <= 0:
         return pos
     if count * max(field.min_size, 1) > end - pos:
@@ -272,6 +279,8 @@ def _walk_value(
         n, pos = _uvarint(buf, pos, end)
         if n > 0:
             pos += n - 1
+        elif not field.nullable:
+            raise MalformedFrame(f"{field.name}: null, but it is not nullable")
     elif kind == _LEGACY_STRING:
         if end - pos < 2:
             raise MalformedFrame(f"{field.name}: string length runs past the end")
@@ -279,6 +288,8 @@ def _walk_value(
         pos += 2
         if n < -1:
             raise MalformedFrame(f"{field.name}: string length {n}")
+        if n == -1 and not field.nullable:
+            raise MalformedFrame(f"{field.name}: null, but it is not nullable")
         pos += max(n, 0)
     elif kind == _LEGACY_BYTES:
         if end - pos < 4:
@@ -287,6 +298,8 @@ def _walk_value(
         pos += 4
         if n < -1:
             raise MalformedFrame(f"{field.name}: bytes length {n}")
+        if n == -1 and not field.nullable:
+            raise MalformedFrame(f"{field.name}: null, but it is not nullable")
         pos += max(n, 0)
     else:
         assert field.entity is not None

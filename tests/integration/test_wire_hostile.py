@@ -9,6 +9,7 @@ header or its body, is answered normally (before, the connection was dropped).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import struct
 import time
@@ -174,3 +175,39 @@ def test_decompression_bomb_costs_only_its_request(broker: BrokerProcess) -> Non
     with RawClient(broker.bootstrap) as c:
         assert produce(c, "bomb", {0: make_batch([b"after"])})[0].error_code == 0
         assert fetch(c, "bomb", 0).high_watermark == 2
+
+
+def test_null_topics_in_fetch_cost_only_the_connection_quietly(broker: BrokerProcess) -> None:
+    """Found by the wire fuzz: Fetch v12 with a null (non-nullable) topics array reached the
+    handler as None and its deferred response failed with TypeError. Behind a long-polling
+    fetch on the same connection, and with the connection closed by the next (garbage)
+    frame, nobody awaited it: "Task exception was never retrieved" and a traceback in the
+    log. Now the frame is refused at decode, and any deferred response's error is noted even
+    when its connection is gone: one log line per connection, the broker serves on."""
+    from tests.unit.test_codec_bounds import fetch_v12
+
+    with RawClient(broker.bootstrap) as c:
+        assert create_topic(c, "quiet").error_code == 0
+    fp = request_class(1, 12, "FetchPartition")
+    ft = request_class(1, 12, "FetchTopic")
+    long_poll = dataclasses.replace(
+        fetch_v12(), max_wait=datetime.timedelta(seconds=3),
+        topics=(ft(topic="quiet", partitions=(fp(
+            partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+            log_start_offset=-1, partition_max_bytes=1000),)),),
+    )
+    frame = frame_of(fetch_v12())
+    null_topics = frame[:-4] + b"\x00" + frame[-3:]
+    garbage = b"\x00\x01\x00\x0c" + b"\x99" * 12  # a frame that closes the connection
+    for _ in range(10):
+        with RawClient(broker.bootstrap) as bad:
+            bad.send_raw(_size_prefixed(frame_of(long_poll)) + _size_prefixed(null_topics)
+                         + _size_prefixed(garbage))
+            assert bad.is_closed_by_peer()
+    with RawClient(broker.bootstrap) as c:
+        assert api_versions(c).error_code == 0
+        time.sleep(3.5)  # the long polls end; an unretrieved error is logged when collected
+        assert api_versions(c).error_code == 0
+    log = broker.log()
+    assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
+    assert log.count("closing connection from") >= 10

@@ -253,3 +253,32 @@ def test_consumer_subscription_with_a_huge_topic_count_is_unreadable_not_fatal()
     assert subscription_topics(bad) == set()
     with pytest.raises(MalformedFrame):
         check_entity(bad, 2, cls)
+
+
+def test_null_where_the_schema_has_no_null_is_refused() -> None:
+    """Found by the wire fuzz: Fetch v12 with a null topics array decoded to topics=None and
+    the handler died on it. Apache Kafka's readers refuse a null for a non-nullable array,
+    string or bytes; so does the walk. Nullable ones (Metadata topics, client id) still pass."""
+    fetch = frame_of(fetch_v12())
+    assert fetch.endswith(b"\x01\x01\x01\x00")  # topics, forgotten topics, rack id: empty
+    topics_at = len(fetch) - 4
+    null_topics = fetch[:topics_at] + b"\x00" + fetch[topics_at + 1 :]
+    assert decode_request(fetch, ALL)[1] == fetch_v12()
+    with pytest.raises(ProtocolError, match="topics: null"):
+        decode_request(null_topics, ALL)
+    legacy = frame_of(request_class(3, 1)(topics=None))  # nullable in Metadata v1+
+    assert decode_request(legacy, ALL)[1].topics is None
+    create = frame_of(create_topics_v7())
+    null_name = _replace_first(create, b"\x02a", b"\x00")
+    with pytest.raises(ProtocolError, match="name: null"):
+        decode_request(null_name, ALL)
+    anonymous = frame_of(metadata_v12(None), client_id="")
+    assert decode_request(anonymous, ALL)[0].client_id == ""
+
+
+def fetch_v12() -> Any:
+    return request_class(1, 12)(
+        cluster_id=None, replica_id=-1, max_wait=datetime.timedelta(milliseconds=10),
+        min_bytes=1, max_bytes=1000, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=(), forgotten_topics_data=(), rack_id="",
+    )
