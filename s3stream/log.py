@@ -182,6 +182,9 @@ class LogStore:
         self.streams: dict[int, Stream] = {}
         self.cache = ChunkCache(settings.cache_max_bytes)
         self._object_keys: dict[int, str] = {}
+        # (position, length) of the live chunks of each object, every stream's: a read of one
+        # stream's chunk in a small WAL object fetches the whole object (see _fetch)
+        self._object_chunks: dict[int, set[tuple[int, int]]] = {}
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._first_pending_at = 0.0
@@ -202,6 +205,7 @@ class LogStore:
         for c in chunks:
             st = self.streams.get(c.stream_id)
             if st is not None:
+                self._object_chunks.setdefault(c.object_id, set()).add((c.position, c.length))
                 st.add_chunk(
                     Chunk(
                         c.base_offset,
@@ -320,6 +324,10 @@ class LogStore:
     ) -> None:
         """Apply a committed compaction to the in-memory index."""
         self._object_keys.update(keys)
+        for c in old:
+            self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
+        for c in new:
+            self._object_chunks.setdefault(c.object_id, set()).add((c.position, c.length))
         gone = {(c.stream_id, c.base_offset, c.object_id) for c in old}
         touched = {c.stream_id for c in old} | {c.stream_id for c in new}
         for sid in touched:
@@ -340,12 +348,16 @@ class LogStore:
     def forget_objects(self, object_ids: list[int]) -> None:
         for oid in object_ids:
             self._object_keys.pop(oid, None)
+            self._object_chunks.pop(oid, None)
 
     async def truncate(self, stream_id: int, start_offset: int) -> int:
         """Move the stream's log start offset forward (durably); drop chunks wholly below."""
         st = self.stream(stream_id)
         start = await self.meta.truncate(stream_id, min(start_offset, st.end_offset))
         st.start_offset = max(st.start_offset, start)
+        for c in st.chunks:
+            if c.last_offset < st.start_offset:
+                self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
         st.set_chunks([c for c in st.chunks if c.last_offset >= st.start_offset])
         return st.start_offset
 
@@ -393,6 +405,7 @@ class LogStore:
             st = self.streams.get(row.stream_id)
             if row.stream_id not in live or st is None:
                 continue
+            self._object_chunks.setdefault(object_id, set()).add((row.position, row.length))
             st.add_chunk(
                 Chunk(
                     row.base_offset,
@@ -482,7 +495,10 @@ class LogStore:
         cache, else by range GETs, each covering a run of chunks stored back to back in one
         object, up to READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one
         GET per chunk). The last run reads ahead over the chunks stored after it, within the
-        read-ahead budget; everything fetched is cached, so the next read finds it."""
+        read-ahead budget. A GET in an object whose live chunks span at most the read-ahead
+        budget (and a quarter of the cache) covers them all, every stream's: a catch-up of many
+        partitions then makes one GET per WAL object, not one per partition and object.
+        Everything fetched is cached, so the next read finds it."""
         got: dict[tuple[int, int], bytes] = {}
         runs: list[list[Chunk]] = []
         missed = -2  # index of the last chunk that was not in the cache
@@ -507,14 +523,24 @@ class LogStore:
         limit = asyncio.Semaphore(READ_CONCURRENCY)
 
         async def get(run: list[Chunk]) -> None:
-            head, last = run[0], run[-1]
-            size = last.position + last.length - head.position
+            oid = run[0].object_id
+            lo, hi = run[0].position, run[-1].position + run[-1].length
+            others = self._object_chunks.get(oid, set())
+            if others:
+                olo, ohi = min(p for p, _ in others), max(p + n for p, n in others)
+                budget = min(self.settings.readahead_bytes, self.cache.max_bytes // 4)
+                if ohi - olo <= budget and olo <= lo and hi <= ohi:
+                    lo, hi = olo, ohi
+                else:
+                    others = set()
             async with limit:
-                blob = await self.objects.get_range(self._key(head.object_id), head.position, size)
+                blob = await self.objects.get_range(self._key(oid), lo, hi - lo)
+            for p, n in others:
+                self.cache.put((oid, p), blob[p - lo : p - lo + n])
             for c in run:
-                part = blob[c.position - head.position : c.position - head.position + c.length]
-                self.cache.put((c.object_id, c.position), part)
-                got[(c.object_id, c.position)] = part
+                part = blob[c.position - lo : c.position - lo + c.length]
+                self.cache.put((oid, c.position), part)
+                got[(oid, c.position)] = part
 
         for r in await asyncio.gather(*(get(r) for r in runs), return_exceptions=True):
             if isinstance(r, BaseException):  # every GET has finished: nothing left running

@@ -138,3 +138,38 @@ async def test_a_catch_up_read_gets_chunks_of_different_objects_concurrently(
     assert store.most > 1, "one GET at a time"
     await log.close()
     await meta.close()
+
+
+async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path: Path) -> None:
+    """A WAL object holds a chunk of every partition written in its flush; reading one
+    partition's chunk fetches the whole (small) object, so reading every partition back costs
+    one GET per WAL object, not one per partition and object; the bytes are the same."""
+
+    class Counting(MemoryObjectStore):
+        gets = 0
+
+        async def get_range(self, key: str, start: int, length: int) -> bytes:
+            Counting.gets += 1
+            return await super().get_range(key, start, length)
+
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    _t, streams = await meta.create_topic("t", 4, {})
+    store = Counting()
+    writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
+    await writer.open(streams, [])
+    for _ in range(10):  # ten WAL objects, each with a chunk of every stream
+        futs = [writer.append(s.stream_id, 5, 0, lambda b, s=s: bytes([s.stream_id, b]) * 500)[1]
+                for s in streams]
+        await asyncio.gather(*futs)
+    await writer.close()
+    _topics, stream_rows, chunk_rows = await meta.load()
+    reader = LogStore(store, meta, WalSettings())  # cold: an empty cache
+    await reader.open(stream_rows, chunk_rows)
+    Counting.gets = 0
+    for s in stream_rows:
+        got = await reader.read(s.stream_id, 0, 1 << 20)
+        assert got == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
+    assert Counting.gets == 10, f"{Counting.gets} GETs for 10 WAL objects"
+    await reader.close()
+    await meta.close()
