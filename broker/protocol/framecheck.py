@@ -15,8 +15,10 @@ so kio allocates at most a small multiple of the frame size.
 
 The walk is stricter than kio in a few ways that no correct client can trip over: an array
 counts at least one byte per element, a nullable struct marker must be -1 or 1, varints are at
-most 5 bytes (as in Apache Kafka), and a known tagged field must take exactly its stated size.
-It does not check what kio checks anyway (UTF-8, nulls in non-nullable fields, trailing bytes).
+most 5 bytes (as in Apache Kafka), a known tagged field must take exactly its stated size, and
+a null where the schema allows none (array, string, bytes) is refused, as Apache Kafka's
+readers do (kio would hand the handler a None). It leaves to kio what kio checks (UTF-8) and
+ignores bytes after the body (librdkafka sends some).
 
 No I/O here; plans are compiled once per schema class.
 """
