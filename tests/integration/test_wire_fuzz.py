@@ -13,11 +13,12 @@ consuming during the run and get back exactly what was acknowledged; the broker'
 is capped so that no single reservation of gigabytes can succeed unnoticed); the log (one
 line per closed connection, no traceback).
 
-Reproduce: the seed is printed (and in every failure message); `FLOE_FUZZ_SEED=N pytest
-tests/integration/test_wire_fuzz.py` replays the same mutation sequence over the captured
-frames (capture is sorted; live captures differ in timestamps and ids), and on failure the
-frames of the last connections are written to a file that `FLOE_FUZZ_REPLAY=FILE` sends
-again byte for byte. `FLOE_FUZZ_FRAMES=N` changes the number of frames (default 5000).
+Reproduce: the seed is printed (and in every failure message). A live capture differs from
+run to run (timestamps, ids, a heartbeat more or less), so a failed run writes its captured
+frames to a file: `FLOE_FUZZ_SEED=N FLOE_FUZZ_CAPTURE=FILE pytest
+tests/integration/test_wire_fuzz.py` then sends exactly the same frames again. It also writes
+the frames of its last connections to a file that `FLOE_FUZZ_REPLAY=FILE` sends alone.
+`FLOE_FUZZ_FRAMES=N` changes the number of frames (default 5000).
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ N_FRAMES = int(os.environ.get("FLOE_FUZZ_FRAMES", "5000"))
 CONCURRENCY = 16
 MAX_PER_CONNECTION = 3
 WAIT_S = 0.5
-# In flight at once: 16 connections x 3 frames of at most ~1 MiB (the largest captured frame
-# is a few KiB; extensions add <= 4 KiB), so request bytes alone stay under 50 MiB; decoded
-# copies and the healthy client's traffic add a few times that. 256 MiB above the starting RSS
-# is far below what one length-driven allocation (gigabytes) would take.
+# In flight at once: 16 connections x 3 frames of a few KiB (the largest captured frame is
+# ~1 KiB; extensions add <= 4 KiB): well under 1 MiB of requests. Measured peak growth over
+# 5,000-50,000 frames: 15-40 MiB (allocator caches, group and topic state, the healthy
+# client's records). 256 MiB leaves room for that and is far below what one length-driven
+# allocation (gigabytes) or a decompression bomb (capped at 256 MiB) plus that would take.
 RSS_GROWTH_BOUND = 256 << 20
 ADDRESS_SPACE_HEADROOM = 4 << 30
 REQUIRED_APIS = {
@@ -69,9 +71,27 @@ REQUIRED_APIS = {
 }
 
 
+def save_frames(path: Path, frames: list[bytes]) -> None:
+    path.write_bytes(b"".join(struct.pack(">i", len(f)) + f for f in frames))
+
+
+def load_frames(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    frames, pos = [], 0
+    while pos < len(data):
+        (n,) = struct.unpack_from(">i", data, pos)
+        frames.append(data[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    return frames
+
+
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
-    """Request frames of every available client, recorded live through a proxy."""
+    """Request frames of every available client, recorded live through a proxy (or, with
+    FLOE_FUZZ_CAPTURE=FILE naming a file a failed run wrote, the frames of that run)."""
+    again = os.environ.get("FLOE_FUZZ_CAPTURE")
+    if again:
+        return load_frames(Path(again))
     proxy = RecordingProxy()
     data = tmp_path_factory.mktemp("capture") / "floe-data"
     failures: dict[str, str] = {}
@@ -255,6 +275,7 @@ def test_wire_fuzz(broker: BrokerProcess, captured: list[bytes], tmp_path: Path)
     host, port = broker.bootstrap.rsplit(":", 1)
     started = time.monotonic()
     dump = tmp_path / "fuzz-last-frames.tsv"
+    capture_file = tmp_path / "captured-frames.bin"
     try:
         asyncio.run(_fuzz((host, int(port)), todo, broker, recent, out))
         took = time.monotonic() - started
@@ -282,9 +303,11 @@ def test_wire_fuzz(broker: BrokerProcess, captured: list[bytes], tmp_path: Path)
         assert out.closed <= closing <= out.connections, (closing, out)
     except BaseException as e:
         _dump(dump, recent)
+        save_frames(capture_file, captured)
         raise AssertionError(
-            f"FLOE_FUZZ_SEED={seed}: {e!r}; frames of the last {len(recent)} connections in"
-            f" {dump} (FLOE_FUZZ_REPLAY={dump} sends them again)\n"
+            f"FLOE_FUZZ_SEED={seed}: {e!r}\nthe same run again: FLOE_FUZZ_SEED={seed}"
+            f" FLOE_FUZZ_CAPTURE={capture_file}; only the frames of the last {len(recent)}"
+            f" connections: FLOE_FUZZ_REPLAY={dump}\n"
             f"--- broker log ---\n{broker.log()[-4000:]}"
         ) from e
     finally:
