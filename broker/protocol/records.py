@@ -127,7 +127,21 @@ def validate(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
                 f"batch at byte {h.position}: {h.record_count} records but last offset delta"
                 f" {h.last_offset_delta}"
             )
+        if h.record_count > max_records(h):
+            raise CorruptBatchError(
+                f"batch at byte {h.position}: {h.record_count} records cannot fit in it"
+            )
     return headers
+
+
+MIN_RECORD_SIZE = 7  # length, attributes, timestamp and offset deltas, key, value, headers
+
+
+def max_records(h: BatchHeader) -> int:
+    """The most records a batch can hold: each takes MIN_RECORD_SIZE bytes at least, of its
+    body (uncompressed) or of what its body may inflate to (compressed)."""
+    body = MAX_DECOMPRESSED_BYTES if h.compression else h.size - HEADER_SIZE
+    return body // MIN_RECORD_SIZE
 
 
 def assign_offsets(
@@ -233,9 +247,8 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
 def record_timestamps(
     batch: bytes | bytearray | memoryview, h: BatchHeader
 ) -> list[tuple[int, int]]:
-    """(offset, timestamp) of every record of one batch (decompressing if needed)."""
-    if h.log_append_time:
-        return [(h.base_offset + i, h.max_timestamp) for i in range(h.record_count)]
+    """(offset, timestamp) of every record of one batch (decompressing if needed); only the
+    records that are there, whatever count the header claims (CorruptBatchError if short)."""
     body = decompress(
         h.compression, memoryview(batch)[h.position + HEADER_SIZE : h.position + h.size]
     )
@@ -247,6 +260,7 @@ def record_timestamps(
         pos += 1  # attributes
         ts_delta, pos = _varint(body, pos)
         off_delta, pos = _varint(body, pos)
-        out.append((h.base_offset + off_delta, h.base_timestamp + ts_delta))
+        ts = h.max_timestamp if h.log_append_time else h.base_timestamp + ts_delta
+        out.append((h.base_offset + off_delta, ts))
         pos = end
     return out

@@ -24,6 +24,7 @@ from tests.unit.test_codec_bounds import frame_of, hostile_frames, metadata_v12
 
 pytestmark = pytest.mark.integration
 
+CORRUPT_MESSAGE = 2
 POLICY_VIOLATION = 44
 
 
@@ -211,3 +212,19 @@ def test_null_topics_in_fetch_cost_only_the_connection_quietly(broker: BrokerPro
     log = broker.log()
     assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
     assert log.count("closing connection from") >= 10
+
+
+def test_a_batch_claiming_billions_of_records_is_refused(broker: BrokerProcess) -> None:
+    """One record, a header claiming 2^31-1 (count and last offset delta agreeing, CRC
+    valid): before, the broker stored it and moved the log end offset by 2^31-1, and a
+    LogAppendTime read of it built a list of 2^31 entries. Now CORRUPT_MESSAGE, nothing
+    stored, the next record gets offset 0."""
+    from tests.unit.test_record_count_bounds import claiming
+
+    with RawClient(broker.bootstrap) as c:
+        assert create_topic(c, "liar").error_code == 0
+        lie = claiming(make_batch([b"one"]), 2**31 - 1, attributes=0x08)  # LogAppendTime bit
+        assert produce(c, "liar", {0: lie})[0].error_code == CORRUPT_MESSAGE
+        ok = produce(c, "liar", {0: make_batch([b"two"])})[0]
+        assert ok.error_code == 0 and ok.base_offset == 0
+        assert fetch(c, "liar", 0).high_watermark == 1
