@@ -525,7 +525,7 @@ class LogStore:
         async def get(run: list[Chunk]) -> None:
             oid = run[0].object_id
             lo, hi = run[0].position, run[-1].position + run[-1].length
-            others = self._object_chunks.get(oid, set())
+            others = set(self._object_chunks.get(oid, ()))  # a copy: it is used after the GET
             if others:
                 olo, ohi = min(p for p, _ in others), max(p + n for p, n in others)
                 budget = min(self.settings.readahead_bytes, self.cache.max_bytes // 4)
