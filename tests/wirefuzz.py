@@ -1,14 +1,16 @@
 """Mutations of real request frames, and a bounded asyncio sender for them (wire fuzz test).
 
 Everything is driven by one `random.Random(seed)`: given the same captured frames (sorted, so
-capture order does not matter) and the same seed, `mutations` yields the same frames.
+capture order does not matter) and the same seed, `batches` yields the same frames.
 
 Mutations (one to three stacked per frame): bit flips; random byte overwrites; an int16/32/64
 overwritten with a hostile value (huge, negative, -1, 0); a hostile unsigned varint written or
-inserted (2^32-1, 2^35-1, ten-byte, unterminated); truncation; extension; tagged fields injected
-into the header, the body's last tagged section or anywhere; the api key or version swapped
-(so the frame is read with another schema); one frame's head spliced onto another's tail; and
-the 4-byte size prefix made to lie.
+inserted (2^32-1, 2^35-1, ten-byte, unterminated); the same values put where a string length
+or an array count most likely is (found by the printable bytes that follow); truncation;
+extension; tagged fields injected into the header, the body's last tagged section or
+anywhere; the api key or version swapped (so the frame is read with another schema); one
+frame's head spliced onto another's tail; for Produce, a record batch's header or records
+mutated with its CRC fixed; and the 4-byte size prefix made to lie.
 """
 
 from __future__ import annotations
@@ -118,6 +120,45 @@ def _tagged(rng: random.Random) -> bytes:
     return bytes(out)
 
 
+def _printable(b: bytes | bytearray) -> bool:
+    return all(0x20 <= c < 0x7F for c in b)
+
+
+def length_fields(f: bytes | bytearray) -> list[tuple[int, str]]:
+    """Where a frame most likely holds string lengths and array counts: an int16 n (legacy)
+    or a byte n+1 (compact) followed by n printable bytes is a string length; an int32 or a
+    byte holding a small count right before one is an array count."""
+    out: list[tuple[int, str]] = []
+    for i in range(8, len(f) - 2):
+        (n,) = struct.unpack_from(">h", f, i)
+        if 0 < n <= len(f) - i - 2 and _printable(f[i + 2 : i + 2 + n]):
+            out.append((i, "int16"))
+            if i >= 4 and 0 < struct.unpack_from(">i", f, i - 4)[0] <= 1000:
+                out.append((i - 4, "int32"))
+        c = f[i] - 1
+        if 0 < c <= len(f) - i - 1 and _printable(f[i + 1 : i + 1 + c]):
+            out.append((i, "varint"))
+            if 0 < f[i - 1] <= 100:
+                out.append((i - 1, "varint"))
+    return out
+
+
+def length_overwrite(rng: random.Random, f: bytearray) -> str:
+    """A hostile value in a (likely) string length or array count."""
+    spots = length_fields(f)
+    if not spots:
+        return int_overwrite(rng, f)
+    at, kind = rng.choice(spots)
+    if kind == "int16":
+        f[at : at + 2] = struct.pack(">h", rng.choice((-2, -1, 0x7FFF, -0x8000, 0x1000)))
+    elif kind == "int32":
+        f[at : at + 4] = struct.pack(">i", rng.choice((-2, -1, 0x7FFFFFFF, -0x80000000,
+                                                       0x10000, 1 << 28)))
+    else:
+        f[at : at + 1] = rng.choice(HOSTILE_VARINTS)  # insert-over: the varint may be longer
+    return f"length-{kind}@{at}"
+
+
 def inject_tagged(rng: random.Random, f: bytearray) -> str:
     if len(f) < 10:
         return "inject-skipped"
@@ -213,6 +254,7 @@ class Mutator:
         f = bytearray(base)
         ops: list[Callable[[random.Random, bytearray], str]] = [
             bit_flip, byte_overwrite, int_overwrite, int_overwrite, varint_write, varint_write,
+            length_overwrite, length_overwrite, length_overwrite,
             truncate, extend, inject_tagged, inject_tagged,
             lambda r, b: swap_api(r, b, self.served),
         ]
