@@ -3,6 +3,11 @@
 Per connection, requests are decoded and handed to their handler one at a time in arrival
 order; a handler may return `Later`, whose wait overlaps with the following requests, but
 responses always leave in request order (librdkafka pipelines up to 5 produce requests).
+
+Whatever goes wrong with one request (a frame that does not decode, a handler, a deferred
+response or the response encoding that fails, even a task that dies) costs its connection
+only: the connection is closed and one WARNING line says why (tracebacks go to DEBUG).
+An ApiVersions request at a version the broker does not serve is answered in v0.
 """
 
 from __future__ import annotations
