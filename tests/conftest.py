@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import itertools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 
 from tests.brokerproc import BrokerProcess, running_broker
@@ -15,10 +13,8 @@ from tests.ci_skips import (  # noqa: F401  (hooks: in CI a skip is a failure)
     pytest_runtest_makereport,
 )
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
-from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
+from tests.s3server import broker_on_s3, moto_s3
 from tests.warehouses import warehouse  # noqa: F401  (Iceberg warehouse fixture)
-
-_buckets = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -36,16 +32,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
     args: list[str] = []
     env: dict[str, str] = {}
     if request.param == "s3":
-        endpoint = request.getfixturevalue("s3_server")
-        bucket = f"floe-test-{next(_buckets)}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                              aws_access_key_id="testing", aws_secret_access_key="testing")
-        client.create_bucket(Bucket=bucket)
-        client.close()
-        args = ["--object-store", f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"]
-        env = dict(TEST_AWS_ENV)
-        for k in UNSET_AWS_ENV:
-            env[k] = ""  # BrokerProcess removes variables given as ""
+        args, env = broker_on_s3(request.getfixturevalue("s3_server"))
     with running_broker(tmp_path / "floe-data", *args, **env) as b:
         yield b
 

@@ -4,6 +4,7 @@ S3 error."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -124,3 +125,22 @@ def bucket_listing(endpoint: str, bucket: str, prefix: str = "") -> list[str]:
         return keys
     finally:
         c.close()
+
+
+_bucket_ids = itertools.count()
+
+
+def broker_on_s3(endpoint: str, prefix: str = "floe-test") -> tuple[list[str], dict[str, str]]:
+    """A fresh bucket on `endpoint`, and the broker flags and environment that put a broker's
+    log in it (environment values "" unset the variable, see tests/brokerproc.py)."""
+    import boto3
+
+    bucket = f"{prefix}-{next(_bucket_ids)}-{os.getpid()}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+    args = ["--object-store", f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"]
+    return args, {**TEST_AWS_ENV, **dict.fromkeys(UNSET_AWS_ENV, "")}

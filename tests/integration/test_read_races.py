@@ -8,27 +8,24 @@ object store and on S3 (moto's server)."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.brokerproc import BrokerProcess
 from tests.integration.test_table_topic import keys_of, table_rows
-from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
+from tests.s3server import broker_on_s3
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 8
 PRODUCE_SECONDS = 16.0
-_buckets = itertools.count()
 
 # compaction every 100 ms, WAL objects compacted at any age, replaced objects deleted
 # soon after, small stream objects and chunks, and a cache too small to hold what is read, so
@@ -46,16 +43,8 @@ def racing_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Br
     args = list(RACY)
     env: dict[str, str] = {}
     if request.param == "s3":
-        endpoint = request.getfixturevalue("s3_server")
-        bucket = f"floe-race-{next(_buckets)}"
-        c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                         aws_access_key_id="testing", aws_secret_access_key="testing")
-        c.create_bucket(Bucket=bucket)
-        c.close()
-        args += ["--object-store", f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"]
-        env = dict(TEST_AWS_ENV)
-        for k in UNSET_AWS_ENV:
-            env[k] = ""
+        s3_args, env = broker_on_s3(request.getfixturevalue("s3_server"), "floe-race")
+        args += s3_args
     b = BrokerProcess(data_dir=tmp_path / "data", extra_args=args, env=env).start()
     try:
         yield b

@@ -4,14 +4,12 @@ compact+delete retention, compression.type, message.max.bytes, message.timestamp
 
 from __future__ import annotations
 
-import itertools
 import random
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
@@ -21,7 +19,7 @@ from broker.protocol.recordcodec import decode_records
 from tests.brokerproc import BrokerProcess
 from tests.integration.test_bad_input import create_topic, fetch
 from tests.rawclient import RawClient
-from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
+from tests.s3server import broker_on_s3
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +28,6 @@ FAST = [
     "--set", "objects.gc.delay.ms=500", "--set", "log.retention.check.interval.ms=300",
     "--set", "log.cleaner.backoff.ms=300",
 ]
-_buckets = itertools.count()
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -44,16 +41,8 @@ def make_broker(
         args: list[str] = [*FAST, *extra]
         env: dict[str, str] = {}
         if request.param == "s3":
-            endpoint = request.getfixturevalue("s3_server")
-            bucket = f"floe-cfg-{next(_buckets)}-{random.randrange(1 << 30)}"
-            client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                                  aws_access_key_id="testing", aws_secret_access_key="testing")
-            client.create_bucket(Bucket=bucket)
-            client.close()
-            args += ["--object-store", f"s3://{bucket}/log?endpoint={endpoint}&region=us-east-1"]
-            env = dict(TEST_AWS_ENV)
-            for k in UNSET_AWS_ENV:
-                env[k] = ""
+            s3_args, env = broker_on_s3(request.getfixturevalue("s3_server"), "floe-cfg")
+            args += s3_args
         b = BrokerProcess(data_dir=tmp_path / "floe-data", extra_args=args, env=env).start()
         started.append(b)
         return b
