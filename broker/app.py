@@ -14,7 +14,6 @@ from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
 from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.net import close_server, serve
-from broker.retention import apply_retention
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
@@ -87,7 +86,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         min_session_s=settings["group.min.session.timeout.ms"] / 1000,
         max_session_s=settings["group.max.session.timeout.ms"] / 1000,
     )
-    offsets = OffsetStore(storage.meta)
+    offsets = OffsetStore(storage.group_offsets)
     await offsets.load()
     groups.start()
     ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
@@ -132,7 +131,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
             _every(
                 settings["log.retention.check.interval.ms"],
                 "retention",
-                lambda: apply_retention(storage),
+                storage.apply_retention,
             )
         ),
     ]

@@ -48,12 +48,13 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from crc32c import crc32c
 
+from broker.engine import Topic
 from broker.protocol.recordcodec import DELETE_HORIZON_BIT, RawRecord, decode_raw, encode_records
 from broker.protocol.records import BatchHeader, iter_headers, read_header
-from broker.storage import Storage, Topic
 from s3stream import walformat
 from s3stream.log import Chunk, LogStore, UnknownStreamError
 from s3stream.metadata import ChunkRow, CommitInDoubtError, MetadataError, ObjectRow
@@ -346,8 +347,15 @@ class _RangeWriter:
 # ------------------------------------------------------------------------------------------
 # The cleaner
 # ------------------------------------------------------------------------------------------
+class CleanerStorage(Protocol):
+    """What the cleaner needs of the s3stream engine (broker.storage.Storage) that runs it."""
+
+    topics: dict[str, Topic]
+    log: LogStore
+
+
 class LogCleaner:
-    def __init__(self, storage: Storage, settings: CleanerSettings) -> None:
+    def __init__(self, storage: CleanerStorage, settings: CleanerSettings) -> None:
         self.storage = storage
         self.log = storage.log
         self.settings = settings

@@ -1,23 +1,34 @@
-"""The Kafka-level storage the handlers call: topics, partitions, append, read, offsets.
+"""The s3stream storage engine: topics, partitions, append, read, offsets on top of s3stream
+(object WAL + metadata store), behind the `broker.engine.StorageEngine` interface.
 
-One implementation here, on top of s3stream (object WAL + metadata store); the handlers see
-only this module's interface, so other engines can sit behind it.
+Its maintenance is internal: compaction, retention and the log cleaner come out of
+`maintenance_jobs` for the composition root to schedule; nothing outside the engine touches
+`log`, `meta` or `producers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from broker import recordpolicy
-from broker.config import ConfigError, topic_config_value, validate_topic_configs
+from broker.config import ConfigError, Settings, validate_topic_configs
+from broker.engine import (
+    AppendResult,
+    MaintenanceJob,
+    Topic,
+    check_topic_name,
+)
 from broker.errors import ErrorCode, KafkaError
+from broker.groups.offsets import GroupOffsetBackend
+from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
+from broker.retention import retention_start
+from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import (
     READ_ATTEMPTS,
     ChunkData,
@@ -33,47 +44,6 @@ from s3stream.metadata import MetadataError, SqliteMetadataStore, TopicRow
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 
 log = logging.getLogger(__name__)
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_NAME = 249
-
-
-def check_topic_name(name: str) -> None:
-    if not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME:
-        raise KafkaError(ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}")
-    if not _LEGAL_TOPIC.match(name):
-        raise KafkaError(
-            ErrorCode.invalid_topic_exception,
-            f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_', '-'",
-        )
-
-
-@dataclass(eq=False)
-class Topic:
-    name: str
-    topic_id: uuid.UUID
-    configs: dict[str, str]
-    streams: list[int] = field(default_factory=list)  # stream id of each partition
-    defaults: dict[str, str] = field(default_factory=dict)  # broker defaults (shared dict)
-    # parsed values of `configs` (the produce path reads several per append); `configs` is
-    # replaced, never edited, when a topic's configs change, which resets this
-    _parsed: tuple[dict[str, str], dict[str, object]] = field(
-        default_factory=lambda: ({}, {}), repr=False
-    )
-
-    def config(self, key: str) -> object:
-        source, values = self._parsed
-        if source is not self.configs:
-            source, values = self.configs, {}
-            self._parsed = (source, values)
-        if key not in values:
-            values[key] = topic_config_value(self.configs, key, self.defaults)
-        return values[key]
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    base_offset: int
-    log_append_time: int  # -1 for CreateTime topics
 
 
 class Storage:
@@ -86,6 +56,7 @@ class Storage:
         self.topics: dict[str, Topic] = {}
         self.topics_by_id: dict[uuid.UUID, Topic] = {}
         self.cluster_id = ""
+        self.group_offsets: GroupOffsetBackend = meta
         self.producers = ProducerStates()
         self.log.on_durable = self.producers.durable_append  # synchronous: see producers.py
         self.log.on_failed = self.producers.failed_streams
@@ -376,6 +347,80 @@ class Storage:
                     elif ts >= timestamp:
                         return off, ts
         return found
+
+    def commit_time(self, topic: str, partition: int, offset: int) -> float | None:
+        return self.log.stream(self.stream_id(topic, partition)).commit_time(offset)
+
+    # -- log start: DeleteRecords and retention --------------------------------------------
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        sid = self.stream_id(topic, partition)
+        st = self.log.stream(sid)
+        start, end = st.start_offset, st.end_offset
+        target = end if offset == -1 else offset
+        if not 0 <= target <= end:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range, f"offset {offset} beyond the high watermark {end}"
+            )
+        return await self.log.truncate(sid, target) if target > start else start
+
+    async def apply_retention(self) -> int:
+        """One pass over every topic with a delete policy: `retention.ms` / `retention.bytes`
+        move a partition's log start past whole chunks (see `broker.retention`)."""
+        moved = 0
+        now = int(time.time() * 1000)
+        for topic in list(self.topics.values()):
+            policy = topic.config("cleanup.policy")
+            assert isinstance(policy, list)
+            if "delete" not in policy:
+                continue
+            retention_ms = topic.config("retention.ms")
+            retention_bytes = topic.config("retention.bytes")
+            assert isinstance(retention_ms, int) and isinstance(retention_bytes, int)
+            for sid in list(topic.streams):
+                st = self.log.streams.get(sid)
+                if st is None:
+                    continue
+                start = retention_start(st, retention_ms, retention_bytes, now)
+                if start > st.start_offset:
+                    await self.log.truncate(sid, start)
+                    log.info("retention: %s moved log start to %d", topic.name, start)
+                    moved += 1
+        return moved
+
+    def maintenance_jobs(self, settings: Settings) -> list[MaintenanceJob]:
+        compaction = CompactionSettings(
+            interval_ms=settings["compaction.interval.ms"],
+            min_age_ms=settings["compaction.min.age.ms"],
+            max_bytes_per_run=settings["compaction.max.bytes"],
+            stream_object_max_bytes=settings["stream.object.max.bytes"],
+            chunk_max_bytes=settings["stream.chunk.max.bytes"],
+            gc_delay_ms=settings["objects.gc.delay.ms"],
+        )
+        jobs = [
+            MaintenanceJob(
+                "compaction",
+                settings["compaction.interval.ms"],
+                Compactor(self.log, compaction).run_once,
+            ),
+            MaintenanceJob(
+                "retention", settings["log.retention.check.interval.ms"], self.apply_retention
+            ),
+        ]
+        if settings["log.cleaner.enable"]:
+            cleaner = CleanerSettings(
+                backoff_ms=settings["log.cleaner.backoff.ms"],
+                max_keys=settings["log.cleaner.dedupe.buffer.size"] // BYTES_PER_KEY,
+                chunk_max_bytes=settings["stream.chunk.max.bytes"],
+                object_max_bytes=settings["stream.object.max.bytes"],
+            )
+            jobs.append(
+                MaintenanceJob(
+                    "log cleaner",
+                    settings["log.cleaner.backoff.ms"],
+                    LogCleaner(self, cleaner).run_once,
+                )
+            )
+        return jobs
 
     async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None:
         sids = []

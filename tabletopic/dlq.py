@@ -8,10 +8,10 @@ not written again.
 
 from __future__ import annotations
 
+from broker.engine import StorageEngine
 from broker.errors import ErrorCode, KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import decode_records, encode_batch
-from broker.storage import Storage
 from tabletopic.convert import Invalid
 
 SOURCE_PARTITION = "floe.source.partition"
@@ -19,7 +19,7 @@ SOURCE_OFFSET = "floe.source.offset"
 
 
 class DeadLetters:
-    def __init__(self, storage: Storage, topic: str, source_topic: str) -> None:
+    def __init__(self, storage: StorageEngine, topic: str, source_topic: str) -> None:
         self.storage = storage
         self.topic = topic
         self.source_topic = source_topic

@@ -10,7 +10,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from broker.storage import Storage
+from broker.engine import StorageEngine
 from tabletopic.config import TableTopicConfig
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.writer import TableWriter
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 class TableTopics:
     def __init__(
         self,
-        storage: Storage,
+        storage: StorageEngine,
         catalog: Catalog,
         poll_s: float = 0.5,
         orphan_min_age_s: float = ORPHAN_MIN_AGE_S,

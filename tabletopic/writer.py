@@ -25,10 +25,10 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
+from broker.engine import StorageEngine
 from broker.errors import KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
-from broker.storage import Storage
 from tabletopic.commit import OFFSETS, StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.convert import Converter, Invalid
@@ -57,7 +57,7 @@ class TableWriter:
     def __init__(
         self,
         topic: str,
-        storage: Storage,
+        storage: StorageEngine,
         catalog: Catalog,
         orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
     ) -> None:
@@ -252,10 +252,13 @@ class TableWriter:
         for p, s in sorted(self.parts.items()):
             try:
                 _start, end = self.storage.offsets(self.topic, p)
-                st = self.storage.log.stream(self.storage.stream_id(self.topic, p))
+                acked = (
+                    self.storage.commit_time(self.topic, p, s.committed)
+                    if s.committed < end
+                    else None
+                )
             except KafkaError:
                 continue
-            acked = st.commit_time(s.committed) if s.committed < end else None
             parts.append(
                 {
                     "partition": p,

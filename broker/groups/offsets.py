@@ -3,14 +3,51 @@
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
-from s3stream.metadata import OffsetRow, SqliteMetadataStore
+from s3stream.metadata import OffsetRow
 
 MAX_METADATA_BYTES = 4096  # offset.metadata.max.bytes
 
 
+class GroupOffsetBackend(Protocol):
+    """Where a storage engine keeps committed offsets (the s3stream engine: its metadata
+    store; the null engine: memory). Each call is all or none, durable on return."""
+
+    async def load_offsets(self) -> list[OffsetRow]: ...
+
+    async def commit_offsets(self, rows: list[OffsetRow]) -> None: ...
+
+    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None: ...
+
+    async def delete_topic_offsets(self, topic: str) -> None: ...
+
+
+class MemoryGroupOffsets:
+    """Committed offsets kept in memory only (engines that keep nothing across restarts)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str, int], OffsetRow] = {}
+
+    async def load_offsets(self) -> list[OffsetRow]:
+        return list(self.rows.values())
+
+    async def commit_offsets(self, rows: list[OffsetRow]) -> None:
+        for r in rows:
+            self.rows[(r.group_id, r.topic, r.partition)] = r
+
+    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        for k in [k for k in self.rows if k[0] == group_id]:
+            if keys is None or (k[1], k[2]) in keys:
+                del self.rows[k]
+
+    async def delete_topic_offsets(self, topic: str) -> None:
+        for k in [k for k in self.rows if k[1] == topic]:
+            del self.rows[k]
+
+
 class OffsetStore:
-    def __init__(self, meta: SqliteMetadataStore) -> None:
+    def __init__(self, meta: GroupOffsetBackend) -> None:
         self.meta = meta
         self.offsets: dict[str, dict[tuple[str, int], OffsetRow]] = {}
 

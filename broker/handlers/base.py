@@ -17,10 +17,10 @@ from functools import cache
 from typing import Any
 
 from broker.config import Settings
+from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.protocol.codec import RequestHead, response_type
-from broker.storage import Storage
 
 ZERO_MS = datetime.timedelta(0)
 
@@ -36,7 +36,7 @@ class Later:
 
 @dataclass
 class BrokerContext:
-    storage: Storage
+    storage: StorageEngine
     settings: Settings
     node_id: int
     host: str  # advertised

@@ -20,15 +20,7 @@ async def delete_records(ctx: BrokerContext, head: RequestHead, req: Any) -> Any
         for p in t.partitions:
             code, low = ErrorCode.none, -1
             try:
-                sid = storage.stream_id(t.name, p.partition_index)
-                start, end = storage.offsets(t.name, p.partition_index)
-                target = end if p.offset == -1 else p.offset
-                if not 0 <= target <= end:
-                    raise KafkaError(
-                        ErrorCode.offset_out_of_range,
-                        f"offset {p.offset} beyond the high watermark {end}",
-                    )
-                low = await storage.log.truncate(sid, target) if target > start else start
+                low = await storage.delete_records(t.name, p.partition_index, p.offset)
             except KafkaError as e:
                 code = e.code
             parts.append(

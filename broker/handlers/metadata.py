@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.engine import Topic, check_topic_name
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
-from broker.storage import Topic, check_topic_name
 
 AUTHORIZED_OPS_OMITTED = -(2**31)
 

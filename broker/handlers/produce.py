@@ -6,10 +6,10 @@ import asyncio
 import datetime
 from typing import Any
 
+from broker.engine import AppendResult
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import ZERO_MS, BrokerContext, Later, api, build, nested, resp
 from broker.protocol.codec import RequestHead
-from broker.storage import AppendResult
 
 NO_RESPONSE = object()  # acks=0: Kafka sends nothing back
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)

@@ -1,0 +1,168 @@
+"""The storage seam: the Kafka-level interface every storage engine offers.
+
+Handlers, DeleteRecords, table topics and the composition root reach the log only through
+`StorageEngine`; which engine sits behind it is chosen by the object-store URL
+(`broker.app.build_storage`):
+
+- `broker.storage.Storage`: the s3stream engine (`file://`, `s3://`, `memory://` objects,
+  metadata in SQL). Its maintenance (compaction, retention, the log cleaner) is internal: it
+  hands the composition root its jobs (`maintenance_jobs`), it exposes no chunk or stream.
+- `broker.nullstorage.NullStorage` (`null://`): acknowledges without storing record bytes,
+  keeps topics and offsets in memory; the benchmarks' protocol ceiling.
+
+Contract of every engine (tests/unit/test_storage_scenarios.py runs it over each one):
+- `append` is synchronous up to its durability wait, so appends made in order get offsets in
+  that order; its future resolves once the batch is as durable as the engine makes anything
+  (for `null://`: at once), with the batch's base offset.
+- Errors a client should see are `KafkaError`s with the Kafka error code.
+- `offsets` is (log start offset, high watermark); `read` serves whole batches from the one
+  holding `offset`, raising OFFSET_OUT_OF_RANGE outside [log start, high watermark].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from broker.config import Settings, topic_config_value
+from broker.errors import ErrorCode, KafkaError
+from broker.groups.offsets import GroupOffsetBackend
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+
+
+def check_topic_name(name: str) -> None:
+    if not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME:
+        raise KafkaError(ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}")
+    if not _LEGAL_TOPIC.match(name):
+        raise KafkaError(
+            ErrorCode.invalid_topic_exception,
+            f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_', '-'",
+        )
+
+
+@dataclass(eq=False)
+class Topic:
+    name: str
+    topic_id: uuid.UUID
+    configs: dict[str, str]
+    streams: list[int] = field(default_factory=list)  # the engine's id of each partition
+    defaults: dict[str, str] = field(default_factory=dict)  # broker defaults (shared dict)
+    # parsed values of `configs` (the produce path reads several per append); `configs` is
+    # replaced, never edited, when a topic's configs change, which resets this
+    _parsed: tuple[dict[str, str], dict[str, object]] = field(
+        default_factory=lambda: ({}, {}), repr=False
+    )
+
+    @property
+    def partitions(self) -> int:
+        return len(self.streams)
+
+    def config(self, key: str) -> object:
+        source, values = self._parsed
+        if source is not self.configs:
+            source, values = self.configs, {}
+            self._parsed = (source, values)
+        if key not in values:
+            values[key] = topic_config_value(self.configs, key, self.defaults)
+        return values[key]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    log_append_time: int  # -1 for CreateTime topics
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceJob:
+    """A job the composition root runs every `interval_ms` (a failed run is retried then)."""
+
+    name: str
+    interval_ms: int
+    run: Callable[[], Awaitable[object]]
+
+
+class StorageEngine(Protocol):
+    """What handlers, table topics and the composition root may ask of storage."""
+
+    cluster_id: str
+    topics: dict[str, Topic]  # read-only for callers: change topics through the methods
+    topics_by_id: dict[uuid.UUID, Topic]
+    topic_defaults: dict[str, str]  # broker settings that are topic config defaults
+    group_offsets: GroupOffsetBackend  # where committed consumer-group offsets are kept
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def maintenance_jobs(self, settings: Settings) -> list[MaintenanceJob]:
+        """The engine's background work (compaction, retention, cleaning), for the root."""
+        ...
+
+    # -- topics
+    def topic(self, name: str) -> Topic:
+        """The topic, or UNKNOWN_TOPIC_OR_PARTITION."""
+        ...
+
+    def stream_id(self, topic: str, partition: int) -> int:
+        """The partition's id inside the engine, or UNKNOWN_TOPIC_OR_PARTITION."""
+        ...
+
+    def check_new_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> dict[str, str]: ...
+
+    async def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> Topic: ...
+
+    async def delete_topic(self, name: str) -> None: ...
+
+    async def create_partitions(self, name: str, total: int, validate_only: bool) -> None: ...
+
+    async def set_topic_configs(
+        self, name: str, configs: dict[str, str], validate_only: bool
+    ) -> None: ...
+
+    # -- produce
+    def append(
+        self, topic: str, partition: int, data: bytes | None
+    ) -> asyncio.Future[AppendResult]: ...
+
+    async def init_producer_id(self, producer_id: int, epoch: int) -> tuple[int, int]: ...
+
+    # -- offsets and reads
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start offset, high watermark)."""
+        ...
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> bytes: ...
+
+    async def offset_for_time(
+        self, topic: str, partition: int, timestamp: int
+    ) -> tuple[int, int] | None: ...
+
+    async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None: ...
+
+    def commit_time(self, topic: str, partition: int, offset: int) -> float | None:
+        """When `offset` became durable (epoch seconds), if the engine still knows."""
+        ...
+
+    # -- log start
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move the log start to `offset` (-1: the high watermark); returns the new log start.
+        OFFSET_OUT_OF_RANGE beyond the high watermark."""
+        ...
+
+    async def apply_retention(self) -> int:
+        """One retention pass over every topic; returns how many partitions moved."""
+        ...
+
