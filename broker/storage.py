@@ -19,6 +19,7 @@ from broker.config import ConfigError, Settings, validate_topic_configs
 from broker.engine import (
     AppendResult,
     MaintenanceJob,
+    StorageEngine,
     Topic,
     check_topic_name,
 )
@@ -458,3 +459,7 @@ def serve_batches(
             parts.append(memoryview(c.data)[h.position : h.position + h.size])
             total += h.size
     return b"".join(parts)
+
+
+def _is_an_engine(s: Storage) -> StorageEngine:
+    return s  # mypy checks that Storage conforms to the StorageEngine Protocol

@@ -1,0 +1,195 @@
+"""The null storage engine (`--object-store null://`): acknowledges without storing.
+
+Like Tansu's `null` engine it measures the front end alone (network, decoding, handlers):
+topics, partitions, configs and each partition's offsets live in memory, so clients can
+create topics, produce (every batch is acknowledged at once with the next offsets) and ask
+Metadata or ListOffsets; no record byte is kept, so Fetch returns no records. Nothing
+survives the process. The benchmarks' protocol ceiling is `floe broker` on this engine.
+
+Checks made: the topic and partition exist, the record set is not empty and is made of whole
+v2 batch headers (their record counts move the offsets). Not made: CRCs, topic-config
+policies, idempotent sequences (no producer state is kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+
+from broker.config import ConfigError, Settings, validate_topic_configs
+from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, check_topic_name
+from broker.errors import ErrorCode, KafkaError
+from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
+from broker.protocol.records import CorruptBatchError, iter_headers
+
+
+class NullStorage:
+    """`broker.engine.StorageEngine` keeping offsets, not records."""
+
+    def __init__(self) -> None:
+        self.cluster_id = f"null-{uuid.uuid4().hex[:12]}"
+        self.topics: dict[str, Topic] = {}
+        self.topics_by_id: dict[uuid.UUID, Topic] = {}
+        self.topic_defaults: dict[str, str] = {}
+        self.group_offsets: GroupOffsetBackend = MemoryGroupOffsets()
+        self._stream_ids = itertools.count()
+        # stream id -> [log start offset, next offset]
+        self._offsets: dict[int, list[int]] = {}
+        self._producer_ids = itertools.count()
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def maintenance_jobs(self, settings: Settings) -> list[MaintenanceJob]:
+        return []
+
+    # -- topics ----------------------------------------------------------------------------
+    def topic(self, name: str) -> Topic:
+        t = self.topics.get(name)
+        if t is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        return t
+
+    def stream_id(self, topic: str, partition: int) -> int:
+        t = self.topic(topic)
+        if not 0 <= partition < len(t.streams):
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"topic {topic!r} has no partition {partition}",
+            )
+        return t.streams[partition]
+
+    def check_new_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> dict[str, str]:
+        check_topic_name(name)
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        if partitions <= 0:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"number of partitions must be positive, got {partitions}",
+            )
+        try:
+            return validate_topic_configs(configs)
+        except ConfigError as e:
+            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
+
+    def _add_partitions(self, t: Topic, count: int) -> None:
+        for _ in range(count):
+            sid = next(self._stream_ids)
+            self._offsets[sid] = [0, 0]
+            t.streams.append(sid)
+
+    async def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> Topic:
+        valid = self.check_new_topic(name, partitions, configs)
+        t = Topic(name, uuid.uuid4(), valid, defaults=self.topic_defaults)
+        self._add_partitions(t, partitions)
+        self.topics[name] = t
+        self.topics_by_id[t.topic_id] = t
+        return t
+
+    async def delete_topic(self, name: str) -> None:
+        t = self.topic(name)
+        del self.topics[name]
+        self.topics_by_id.pop(t.topic_id, None)
+        for sid in t.streams:
+            self._offsets.pop(sid, None)
+
+    async def create_partitions(self, name: str, total: int, validate_only: bool) -> None:
+        t = self.topic(name)
+        if total <= len(t.streams):
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"topic {name!r} has {len(t.streams)} partitions; {total} is not more",
+            )
+        if not validate_only:
+            self._add_partitions(t, total - len(t.streams))
+
+    async def set_topic_configs(
+        self, name: str, configs: dict[str, str], validate_only: bool
+    ) -> None:
+        t = self.topic(name)
+        try:
+            valid = validate_topic_configs(configs)
+        except ConfigError as e:
+            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
+        if not validate_only:
+            t.configs = valid
+
+    # -- produce ---------------------------------------------------------------------------
+    def append(
+        self, topic: str, partition: int, data: bytes | None
+    ) -> asyncio.Future[AppendResult]:
+        """Acknowledged at once: the future is already resolved with the base offset."""
+        offsets = self._offsets[self.stream_id(topic, partition)]
+        if not data:
+            raise KafkaError(ErrorCode.corrupt_message, "empty record set")
+        try:
+            count = sum(h.record_count for h in iter_headers(data))
+        except CorruptBatchError as e:
+            raise KafkaError(ErrorCode.corrupt_message, str(e)) from None
+        base = offsets[1]
+        offsets[1] = base + count
+        done: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        done.set_result(AppendResult(base, -1))
+        return done
+
+    async def init_producer_id(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        if producer_id >= 0 and 0 <= epoch < 2**15 - 1:
+            return producer_id, epoch + 1
+        return next(self._producer_ids), 0
+
+    # -- offsets and reads -----------------------------------------------------------------
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        start, end = self._offsets[self.stream_id(topic, partition)]
+        return start, end
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> bytes:
+        """No records, ever; OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
+        start, end = self.offsets(topic, partition)
+        if not start <= offset <= end:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range, f"offset {offset} not in [{start}, {end}]"
+            )
+        return b""
+
+    async def offset_for_time(
+        self, topic: str, partition: int, timestamp: int
+    ) -> tuple[int, int] | None:
+        self.stream_id(topic, partition)
+        return None  # no record is kept, so none has a timestamp
+
+    async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None:
+        await asyncio.sleep(timeout)  # nothing will ever be readable
+
+    def commit_time(self, topic: str, partition: int, offset: int) -> float | None:
+        self.stream_id(topic, partition)
+        return None
+
+    # -- log start -------------------------------------------------------------------------
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        offsets = self._offsets[self.stream_id(topic, partition)]
+        start, end = offsets
+        target = end if offset == -1 else offset
+        if not 0 <= target <= end:
+            raise KafkaError(
+                ErrorCode.offset_out_of_range, f"offset {offset} beyond the high watermark {end}"
+            )
+        offsets[0] = max(start, target)
+        return offsets[0]
+
+    async def apply_retention(self) -> int:
+        return 0  # nothing is stored, so nothing expires
+
+
+def _is_an_engine(e: NullStorage) -> StorageEngine:
+    return e  # mypy checks that NullStorage conforms to the StorageEngine Protocol
