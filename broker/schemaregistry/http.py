@@ -13,6 +13,7 @@ codes for HTTP-level problems (404 unknown path, 405, 400 malformed JSON, 413 bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -317,6 +318,8 @@ async def serve_registry(registry: SchemaRegistry, host: str, port: int) -> asyn
     http = RegistryHttp(registry)
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _serve_connection(http, reader, writer)
+        # an idle keep-alive connection at shutdown: its task is cancelled; end it quietly
+        with contextlib.suppress(asyncio.CancelledError):
+            await _serve_connection(http, reader, writer)
 
     return await asyncio.start_server(on_connect, host, port, limit=MAX_LINE)
