@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ErrorCode, KafkaError
+from s3stream.log import ProducerBatch
 from s3stream.metadata import PRODUCER_BATCHES_KEPT, ProducerBatchRow
 
 SEQ_MODULUS = 2**31
@@ -114,12 +115,11 @@ class ProducerStates:
             BatchMeta(batch.first_seq, batch.last_seq, batch.base_offset, batch.last_offset),
         )
 
-    def durable_append(
-        self, stream_id: int, producer: tuple[int, int, int, int], base: int, last: int
-    ) -> None:
-        """The log committed an idempotent batch (producer id, epoch, first seq, last seq)."""
-        pid, epoch, first_seq, last_seq = producer
-        self.made_durable(stream_id, pid, epoch, BatchMeta(first_seq, last_seq, base, last))
+    def durable_append(self, stream_id: int, p: ProducerBatch, base: int, last: int) -> None:
+        """The log committed an idempotent batch."""
+        self.made_durable(
+            stream_id, p.producer_id, p.epoch, BatchMeta(p.first_seq, p.last_seq, base, last)
+        )
 
     def failed(self, stream_id: int) -> None:
         """A flush failed: every in-flight batch of the stream failed with it."""

@@ -35,6 +35,7 @@ from s3stream.log import (
     ChunkData,
     LogStore,
     OffsetOutOfRangeError,
+    ProducerBatch,
     ReadRaceError,
     StreamWriteError,
     UnknownStreamError,
@@ -210,7 +211,7 @@ class Storage:
 
         producer = None
         if idempotent:
-            producer = (h0.producer_id, h0.producer_epoch, h0.base_sequence, last_seq)
+            producer = ProducerBatch(h0.producer_id, h0.producer_epoch, h0.base_sequence, last_seq)
         base, durable = self.log.append(sid, count, max_ts, encode, producer)
         result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         if producer is not None:
@@ -237,7 +238,7 @@ class Storage:
     def _track_producer(
         self,
         sid: int,
-        producer: tuple[int, int, int, int],
+        p: ProducerBatch,
         base: int,
         last: int,
         result: asyncio.Future[AppendResult],
@@ -245,8 +246,8 @@ class Storage:
         """Add the batch to the pending view; the log moves it to the durable view when it is
         committed, or resets the stream's pending view when a flush fails (synchronously,
         LogStore.on_durable / on_failed), never later from a callback of `result`."""
-        pid, epoch, first_seq, last_seq = producer
-        self.producers.appended(sid, pid, epoch, BatchMeta(first_seq, last_seq, base, last, result))
+        meta = BatchMeta(p.first_seq, p.last_seq, base, last, result)
+        self.producers.appended(sid, p.producer_id, p.epoch, meta)
 
     def _duplicate(self, dup: Duplicate) -> asyncio.Future[AppendResult]:
         out: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()

@@ -129,6 +129,18 @@ class Stream:
         self.bases = [c.base_offset for c in chunks]
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerBatch:
+    """What an idempotent append commits with its data: the metadata transaction that makes
+    the data part of the log stores it (so sequence checks survive restarts), and `on_durable`
+    hands it back; the log does not interpret it."""
+
+    producer_id: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+
+
 @dataclass(slots=True)
 class _Pending:
     stream: Stream
@@ -137,7 +149,7 @@ class _Pending:
     data: bytes | bytearray
     max_timestamp: int
     future: asyncio.Future[int]
-    producer: tuple[int, int, int, int] | None  # (producer id, epoch, first seq, last seq)
+    producer: ProducerBatch | None
 
 
 @dataclass(frozen=True)
@@ -195,7 +207,7 @@ class LogStore:
         self._closed = False
         self.flushes = 0
         # producer bookkeeping, called synchronously (see the module docstring)
-        self.on_durable: Callable[[int, tuple[int, int, int, int], int, int], None] | None = None
+        self.on_durable: Callable[[int, ProducerBatch, int, int], None] | None = None
         self.on_failed: Callable[[set[int]], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -250,12 +262,12 @@ class LogStore:
         record_count: int,
         max_timestamp: int,
         encode: Callable[[int], bytes | bytearray],
-        producer: tuple[int, int, int, int] | None = None,
+        producer: ProducerBatch | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         """Assign `record_count` offsets, encode the data with its base offset, and queue it.
 
-        `producer` (producer id, epoch, first sequence, last sequence) is committed in the same
-        metadata transaction as the data, so sequence checks survive restarts.
+        `producer` is committed in the same metadata transaction as the data, so sequence
+        checks survive restarts.
         Returns (base offset, future resolved with the base offset once durable)."""
         if self._closed:
             raise StreamWriteError("log store is closing")
@@ -393,7 +405,13 @@ class LogStore:
         ]
         producers = [
             ProducerBatchRow(
-                p.stream.stream_id, *p.producer[:2], *p.producer[2:], p.base_offset, p.last_offset
+                p.stream.stream_id,
+                p.producer.producer_id,
+                p.producer.epoch,
+                p.producer.first_seq,
+                p.producer.last_seq,
+                p.base_offset,
+                p.last_offset,
             )
             for p in batch
             if p.producer is not None
