@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
+from broker.admin import serve_admin
 from broker.config import Settings, split_hostport, topic_defaults
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
+from broker.health import PROBE_KEY, Health
 from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
+from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store, redact_url
-from s3stream.objectstore import open_object_store
+from s3stream.objectstore import ObjectNotFoundError, open_object_store
 from tabletopic.catalog import open_catalog
 from tabletopic.manager import TableTopics
-from tabletopic.status import serve_status
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger("floe")
+T = TypeVar("T")
 
 
 def build_storage(settings: Settings) -> Storage:
@@ -71,6 +79,66 @@ async def _every(interval_ms: int, what: str, job: Callable[[], Awaitable[object
             log.exception("%s failed; retrying in %d ms", what, interval_ms)
 
 
+def _health(settings: Settings, storage: Storage, catalog: Catalog) -> Health:
+    """Probes of the object store (an absent object: not-found proves it reachable), the
+    metadata database (its cluster id) and the catalog (its namespaces); see broker/health.py."""
+    objects = storage.objects
+    backend = getattr(objects, "inner", objects)  # one attempt, no retries, for a probe
+
+    async def probe_objects() -> None:
+        with contextlib.suppress(ObjectNotFoundError):
+            await backend.get(PROBE_KEY)
+
+    def traffic_error() -> tuple[str, float]:
+        st = getattr(objects, "stats", None)
+        return (st.last_error, st.last_error_at) if st is not None else ("", 0.0)
+
+    h = Health()
+    h.add("object_store", redact_url(settings.object_store_url), probe_objects, traffic_error)
+    h.add("metadata", redact_url(settings.metadata_url), storage.meta.cluster_id)
+    h.add("catalog", redact_url(settings.catalog_url),
+          lambda: asyncio.to_thread(catalog.list_namespaces))
+    return h
+
+
+async def _admin(
+    settings: Settings, metrics: BrokerMetrics, health: Health, tables: Callable[[], object]
+) -> asyncio.Server | None:
+    """The admin port (`metrics` setting): prints `metrics on HOST:PORT`. A port that cannot be
+    bound is logged as an ERROR and the broker runs without it (Kafka clients do not need it)."""
+    if not settings["metrics"]:
+        return None
+    mhost, mport = split_hostport(settings["metrics"], "metrics")
+    try:
+        server = await serve_admin(
+            mhost, mport, metrics.exposition, lambda: {"health": health.report(),
+                                                       "tables": tables()}
+        )
+    except OSError as e:
+        log.error("admin port %s (/metrics, /status) not served: %s", settings["metrics"], e)
+        return None
+    shost, sport = server.sockets[0].getsockname()[:2]
+    print(f"metrics on {shost}:{sport}", flush=True)
+    return server
+
+
+def _counted(
+    job: Callable[[], Awaitable[T]], record: Callable[[T | None, bool], None]
+) -> Callable[[], Awaitable[T]]:
+    """`job`, with its outcome and statistics handed to `record` (a metrics counter)."""
+
+    async def run() -> T:
+        try:
+            stats = await job()
+        except Exception:
+            record(None, True)
+            raise
+        record(stats, False)
+        return stats
+
+    return run
+
+
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -90,7 +158,11 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     await offsets.load()
     groups.start()
     ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
-    server = await serve(ctx, host, port, settings["socket.request.max.bytes"])
+    metrics = BrokerMetrics(Sources(storage=storage, groups=groups, offsets=offsets))
+    health = _health(settings, storage, catalog)
+    metrics.sources.health = health
+    await health.check_all()  # an unreachable store is logged (ERROR) before `listening on`
+    server = await serve(ctx, host, port, settings["socket.request.max.bytes"], metrics.net)
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
     if settings["advertised"]:
         ctx.host, ctx.port = split_hostport(settings["advertised"], "advertised")
@@ -112,19 +184,20 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         catalog,
         orphan_min_age_s=settings["table.orphan.min.age.ms"] / 1000,
     )
-    status_server = None
-    if settings["metrics"]:
-        mhost, mport = split_hostport(settings["metrics"], "metrics")
-        status_server = await serve_status(mhost, mport, tables.status)
-        shost, sport = status_server.sockets[0].getsockname()[:2]
-        print(f"metrics on {shost}:{sport}", flush=True)
+    metrics.sources.tables = tables.status
+    status_server = await _admin(settings, metrics, health, tables.status)
+    compact = _counted(
+        Compactor(storage.log, compaction_settings(settings)).run_once, metrics.compacted
+    )
+    clean = _counted(LogCleaner(storage, cleaner_settings(settings)).run_once, metrics.cleaned)
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
+        asyncio.create_task(health.run(), name="health"),
         asyncio.create_task(
             _every(
                 settings["compaction.interval.ms"],
                 "compaction",
-                Compactor(storage.log, compaction_settings(settings)).run_once,
+                compact,
             )
         ),
         asyncio.create_task(
@@ -141,7 +214,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
                 _every(
                     settings["log.cleaner.backoff.ms"],
                     "log cleaner",
-                    LogCleaner(storage, cleaner_settings(settings)).run_once,
+                    clean,
                 )
             )
         )

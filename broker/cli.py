@@ -50,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--warehouse", help="Iceberg warehouse URL (default file://<data-dir>/warehouse)"
     )
-    b.add_argument("--metrics", help="HOST:PORT serving /metrics and /status (default: off)")
+    b.add_argument(
+        "--metrics",
+        help="admin HOST:PORT serving /metrics and /status (default 127.0.0.1:9644; '' disables)",
+    )
     b.add_argument("--config", help="TOML file of settings")
     b.add_argument(
         "--set",
@@ -67,7 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     add_topics_parser(sub)
     t = sub.add_parser("table", help="table topics: freshness and errors")
     t.add_argument("action", choices=["status"])
-    t.add_argument("--metrics", help="the broker's --metrics HOST:PORT (default FLOE_METRICS)")
+    t.add_argument(
+        "--metrics",
+        help="the broker's admin HOST:PORT (default FLOE_METRICS, else 127.0.0.1:9644)",
+    )
     t.add_argument("--json", action="store_true", help="machine-readable output")
     g = sub.add_parser("groups", help="consumer groups: list, or describe with lag")
     g.add_argument("action", choices=["list", "describe"])
@@ -107,21 +113,21 @@ def _table(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from tabletopic.status import fetch_status, render
+    from broker.admin import DEFAULT_ADDRESS
+    from tabletopic.status import fetch_full_status, render, render_health
 
-    address = args.metrics or os.environ.get("FLOE_METRICS")
-    if not address:
-        print(
-            "floe table status: give the broker's --metrics HOST:PORT (or FLOE_METRICS)",
-            file=sys.stderr,
-        )
-        return 2
+    address = args.metrics or os.environ.get("FLOE_METRICS") or DEFAULT_ADDRESS
     try:
-        tables = fetch_status(address)
+        doc = fetch_full_status(address)
     except OSError as e:
-        print(f"floe table status: cannot reach {address}: {e}", file=sys.stderr)
+        print(f"floe table status: cannot reach the broker's admin port {address}: {e}",
+              file=sys.stderr)
         return 1
-    print(json.dumps(tables, indent=2) if args.json else render(tables))
+    if args.json:
+        print(json.dumps(doc["tables"], indent=2))
+        return 0
+    unhealthy = render_health(doc.get("health", {}))
+    print((unhealthy + "\n" if unhealthy else "") + render(doc["tables"]))
     return 0
 
 

@@ -330,7 +330,12 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
             None,
             "Iceberg warehouse URL; default file://<data-dir>/warehouse",
         ),
-        ConfigDef("metrics", "string", "", "HOST:PORT for /metrics and /status (off if empty)"),
+        ConfigDef(
+            "metrics",
+            "string",
+            "127.0.0.1:9644",
+            "admin HOST:PORT serving /metrics and /status (off if empty)",
+        ),
         ConfigDef("log.level", "string", "info", choices=("debug", "info", "warning", "error")),
         ConfigDef("auto.create.topics.enable", "boolean", "true"),
         ConfigDef("num.partitions", "int", "1", check=_positive),

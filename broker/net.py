@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import traceback
 from collections import deque
 from typing import Any, cast
@@ -23,6 +24,7 @@ from typing import Any, cast
 from broker.handlers import REGISTRY, BrokerContext, Later
 from broker.handlers.api_versions import api_versions_response
 from broker.handlers.produce import NO_RESPONSE
+from broker.metrics import NetStats
 from broker.protocol.codec import (
     ProtocolError,
     RequestHead,
@@ -39,16 +41,20 @@ API_VERSIONS = 18
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, ctx: BrokerContext, max_request_bytes: int) -> None:
+    def __init__(
+        self, ctx: BrokerContext, max_request_bytes: int, stats: NetStats | None = None
+    ) -> None:
         self.ctx = ctx
         self.max_request_bytes = max_request_bytes
+        self.stats = stats or NetStats()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.peer_host = ""
         self._buf = bytearray()
         self._inbox: deque[bytes] = deque()
         self._inbox_ready = asyncio.Event()
-        self._outbox: asyncio.Queue[tuple[RequestHead, Any] | None] = asyncio.Queue(
+        # (request head, response or future of it, monotonic time the request was decoded)
+        self._outbox: asyncio.Queue[tuple[RequestHead, Any, float] | None] = asyncio.Queue(
             MAX_QUEUED_REQUESTS
         )
         self._can_write = asyncio.Event()
@@ -63,6 +69,7 @@ class KafkaConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.peer_host = f"/{peer[0]}" if peer else ""
+        self.stats.connections_opened += 1
         self._tasks = [
             asyncio.create_task(self._dispatch(), name=f"dispatch {self.peer}"),
             asyncio.create_task(self._write(), name=f"write {self.peer}"),
@@ -79,6 +86,7 @@ class KafkaConnection(asyncio.Protocol):
             self._close(f"{task.get_name()} failed: {_one_line(e)}")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.stats.connections_closed += 1
         self._closing = True
         for t in self._tasks:
             t.cancel()
@@ -92,6 +100,7 @@ class KafkaConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        self.stats.bytes_in += len(data)
         buf = self._buf
         buf += data
         pos = 0
@@ -115,6 +124,7 @@ class KafkaConnection(asyncio.Protocol):
     def _close(self, why: str) -> None:
         if not self._closing:
             log.warning("closing connection from %s: %s", self.peer, why)
+            self.stats.connections_dropped += 1
         self._closing = True
         if self.transport is not None:
             self.transport.close()
@@ -138,7 +148,10 @@ class KafkaConnection(asyncio.Protocol):
             except UnsupportedVersionError as e:
                 if e.api_key == API_VERSIONS:  # answer in v0 so the client can downgrade
                     head = RequestHead(API_VERSIONS, 0, e.correlation_id, None)
-                    await self._outbox.put((head, api_versions_response(0, _unsupported_version())))
+                    self.stats.request(API_VERSIONS, 0)
+                    await self._outbox.put(
+                        (head, api_versions_response(0, _unsupported_version()), time.monotonic())
+                    )
                     continue
                 self._close(str(e))
                 return
@@ -149,6 +162,8 @@ class KafkaConnection(asyncio.Protocol):
                 self._close(f"undecodable request: {_one_line(e)}")
                 return
             del frame
+            began = time.monotonic()
+            self.stats.request(api_key, head.api_version)
             try:
                 result = await REGISTRY[api_key].handle(self.ctx, head, body)
             except Exception as e:
@@ -157,19 +172,20 @@ class KafkaConnection(asyncio.Protocol):
                 self._close(f"api {head.api_key} v{head.api_version} failed: {_one_line(e)}")
                 return
             if result is NO_RESPONSE:
+                self.stats.answered(api_key, time.monotonic() - began)
                 continue
             if isinstance(result, Later):
                 result = asyncio.ensure_future(result.coro)
                 # if the connection goes first, nobody awaits it: its error is noted here
                 result.add_done_callback(_note_unawaited_error)
-            await self._outbox.put((head, result))
+            await self._outbox.put((head, result, began))
 
     async def _write(self) -> None:
         while True:
             item = await self._outbox.get()
             if item is None:
                 return
-            head, result = item
+            head, result, began = item
             try:
                 if isinstance(result, asyncio.Future):
                     result = await result
@@ -183,6 +199,8 @@ class KafkaConnection(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 return
             self.transport.write(frame)
+            self.stats.bytes_out += len(frame)
+            self.stats.answered(head.api_key, time.monotonic() - began)
 
 
 def _note_unawaited_error(fut: asyncio.Future[Any]) -> None:
@@ -203,10 +221,18 @@ def _unsupported_version() -> Any:
     return ErrorCode.unsupported_version
 
 
-async def serve(ctx: BrokerContext, host: str, port: int, max_request_bytes: int) -> asyncio.Server:
+async def serve(
+    ctx: BrokerContext,
+    host: str,
+    port: int,
+    max_request_bytes: int,
+    stats: NetStats | None = None,
+) -> asyncio.Server:
+    """Listen for Kafka clients; every connection counts into `stats` (one broker's)."""
     loop = asyncio.get_running_loop()
+    stats = stats or NetStats()
     server = await loop.create_server(
-        lambda: KafkaConnection(ctx, max_request_bytes),
+        lambda: KafkaConnection(ctx, max_request_bytes, stats),
         host,
         port,
         reuse_address=True,

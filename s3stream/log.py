@@ -35,6 +35,7 @@ from typing import NamedTuple
 from s3stream import walformat
 from s3stream.metadata import ChunkRow, ProducerBatchRow, SqliteMetadataStore, StreamRow
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore
+from s3stream.stats import LogStats
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +167,17 @@ class ChunkCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.size = 0
+        self.hits = 0  # lookups that found the chunk (metrics)
+        self.misses = 0
         self._items: OrderedDict[tuple[int, int], bytes | bytearray] = OrderedDict()
 
     def get(self, key: tuple[int, int]) -> bytes | bytearray | None:
         data = self._items.get(key)
         if data is not None:
             self._items.move_to_end(key)
+            self.hits += 1
+        else:
+            self.misses += 1
         return data
 
     def put(self, key: tuple[int, int], data: bytes | bytearray) -> None:
@@ -206,6 +212,7 @@ class LogStore:
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self.flushes = 0
+        self.stats = LogStats()  # WAL flushes (the cache counts its own hits), for metrics
         # producer bookkeeping, called synchronously (see the module docstring)
         self.on_durable: Callable[[int, ProducerBatch, int, int], None] | None = None
         self.on_failed: Callable[[set[int]], None] | None = None
@@ -303,13 +310,20 @@ class LogStore:
             if wait > 0 and not self._closed and not full:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), wait)
+            nbytes = self._pending_bytes
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             self._full.clear()
+            began = time.monotonic()
             try:
                 await self._flush(batch)
             except Exception as e:
                 log.error("WAL flush of %d appends failed: %r", len(batch), e)
+                self.stats.wal_flush_failures += 1
                 self._fail(batch, e)
+            else:
+                self.stats.wal_flushes += 1
+                self.stats.wal_flush_seconds.observe(time.monotonic() - began)
+                self.stats.wal_flush_bytes.observe(nbytes)
 
     def _fail(self, batch: list[_Pending], err: Exception) -> None:
         """Fail the batch and every later pending append of the same streams; rewind them."""

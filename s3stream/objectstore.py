@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from s3stream.stats import ObjectStoreStats
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -238,15 +240,19 @@ class RetryingObjectStore:
         self.policy = policy or RetryPolicy()
         self._rand = rand
         self.retries = 0  # total retries made (for tests and metrics)
+        self.stats = ObjectStoreStats()  # per attempt: requests, errors, latency (metrics)
 
     async def _run(self, op: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
         p = self.policy
         start = time.monotonic()
         attempt = 1
         while True:
+            began = time.monotonic()
             try:
-                return await call()
+                result = await call()
             except Exception as e:
+                fault = None if isinstance(e, ObjectNotFoundError) else e  # a 404 is an answer
+                self.stats.record(op, time.monotonic() - began, fault)
                 if not is_retriable(e):
                     raise
                 delay = p.delay(attempt, self._rand())
@@ -272,8 +278,12 @@ class RetryingObjectStore:
                     e,
                 )
                 self.retries += 1
+                self.stats.retries += 1
                 attempt += 1
                 await asyncio.sleep(delay)
+                continue
+            self.stats.record(op, time.monotonic() - began, None)
+            return result
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await self._run("PUT", key, lambda: self.inner.put(key, data))

@@ -1,7 +1,9 @@
 """Start and stop a real `floe broker` process for integration tests.
 
 The broker is launched as a separate process (`python -m broker.cli broker ...`), binds port 0
-on 127.0.0.1 and announces its address on one line `listening on HOST:PORT`.
+on 127.0.0.1 and announces its address on one line `listening on HOST:PORT`. Its admin port
+(/metrics, /status) binds port 0 too unless `admin_listen` says otherwise (None: the broker's
+default 127.0.0.1:9644, for the one test of defaults), announced as `metrics on HOST:PORT`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class BrokerProcess:
     address: str = ""
     output: list[str] = field(default_factory=list)
     listen: str = "127.0.0.1:0"
+    admin_listen: str | None = "127.0.0.1:0"
+    admin: str = ""  # the admin HOST:PORT once the broker printed it (see admin_address)
     _pump: threading.Thread = field(init=False, repr=False)
 
     @property
@@ -53,6 +57,7 @@ class BrokerProcess:
             self.listen,
             "--data-dir",
             str(self.data_dir),
+            *(["--metrics", self.admin_listen] if self.admin_listen is not None else []),
             *self.extra_args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
@@ -70,6 +75,8 @@ class BrokerProcess:
                 if not found.is_set() and line.startswith("listening on "):
                     self.address = line.split("listening on ", 1)[1].strip()
                     found.set()
+                elif line.startswith("metrics on "):
+                    self.admin = line.split("metrics on ", 1)[1].strip()
 
         self._pump = threading.Thread(target=pump, daemon=True)
         self._pump.start()
@@ -110,6 +117,15 @@ class BrokerProcess:
 
     def log(self) -> str:
         return "".join(self.output)
+
+    def admin_address(self, timeout: float = 10.0) -> str:
+        """The admin port's HOST:PORT (printed just after `listening on`)."""
+        deadline = time.monotonic() + timeout
+        while not self.admin:
+            if time.monotonic() > deadline:
+                raise RuntimeError("broker printed no `metrics on` line:\n" + self.log())
+            time.sleep(0.02)
+        return self.admin
 
 
 @contextmanager
