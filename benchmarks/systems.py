@@ -1,6 +1,7 @@
 """The systems under test, each started as its own process on 127.0.0.1:
 
-- `null`: benchmarks.nullbroker (floe's codec, no storage): the protocol ceiling;
+- `null`: floe's own broker with the null storage engine (`--object-store null://`: same
+  front end, acknowledges without storing): the protocol ceiling;
 - `floe-file`: floe with its default local-directory object store and SQLite metadata;
 - `floe-s3`: floe with its log on moto's S3 server;
 - `tansu-memory`: Tansu's memory engine; `tansu-s3`: Tansu on the same moto server.
@@ -75,10 +76,7 @@ class System:
         return (self.data_dir / "objects").resolve().as_uri()
 
     def start(self) -> System:
-        if self.name == NULL:
-            cmd = [sys.executable, "-m", "benchmarks.nullbroker", "--listen", "127.0.0.1:0"]
-            self.proc = self.procs.start(self.name, cmd)
-        elif self.name in (FLOE_FILE, FLOE_S3):
+        if self.name in (FLOE_FILE, FLOE_S3, NULL):
             self._start_floe()
         else:
             self._start_tansu()
@@ -101,6 +99,8 @@ class System:
         env: dict[str, str] = {}
         if self.metrics:
             cmd += ["--metrics", "127.0.0.1:0"]
+        if self.name == NULL:
+            cmd += ["--object-store", "null://"]
         if self.name == FLOE_S3:
             assert self.moto is not None
             if not self._bucket_made:
@@ -111,7 +111,8 @@ class System:
             env = dict(MOTO_ENV)
         wait_for = "metrics on" if self.metrics else "listening"
         cwd = None
-        if self.floe_root is not None:  # `python -m` puts the working directory first
+        if self.floe_root is not None and self.name != NULL:  # the ceiling: this tree's
+            # `python -m` puts the working directory first
             cwd = self.floe_root
             env["PYTHONPATH"] = str(self.floe_root)
         self.proc = self.procs.start(self.name, cmd, env=env, wait_for=wait_for, cwd=cwd)

@@ -19,6 +19,7 @@ from broker.health import PROBE_KEY, Health
 from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
+from broker.nullstorage import NullStorage
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
@@ -139,11 +140,52 @@ def _counted(
     return run
 
 
+def is_null_engine(settings: Settings) -> bool:
+    """`--object-store null://` selects the null storage engine (broker/nullstorage.py)."""
+    return settings.object_store_url.startswith("null:")
+
+
+async def _run_null_broker(settings: Settings, stop: asyncio.Event) -> None:
+    """The same front end (network layer, handlers, group coordinator) on the null engine,
+    which stores no record: no table topics, maintenance, health probes, metrics or schema
+    registry, having nothing to act on. The benchmarks' protocol ceiling."""
+    storage = NullStorage()
+    storage.topic_defaults.update(topic_defaults(settings))
+    await storage.open()
+    host, port = settings.listen
+    groups = GroupCoordinator(
+        initial_delay_s=settings["group.initial.rebalance.delay.ms"] / 1000,
+        min_session_s=settings["group.min.session.timeout.ms"] / 1000,
+        max_session_s=settings["group.max.session.timeout.ms"] / 1000,
+    )
+    offsets = OffsetStore(storage.group_offsets)
+    groups.start()
+    ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
+    server = await serve(ctx, host, port, settings["socket.request.max.bytes"])
+    bound_host, bound_port = server.sockets[0].getsockname()[:2]
+    ctx.host, ctx.port = (
+        split_hostport(settings["advertised"], "advertised")
+        if settings["advertised"]
+        else (bound_host, bound_port)
+    )
+    log.warning("floe broker %d on the null engine: records are not stored", ctx.node_id)
+    print(f"listening on {bound_host}:{bound_port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await close_server(server)
+        await groups.stop()
+        await storage.close()
+
+
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if is_null_engine(settings):
+        await _run_null_broker(settings, stop)
+        return
     storage = build_storage(settings)
     catalog = open_catalog(settings.catalog_url, settings.warehouse_url)  # a bad URL fails here
     storage.topic_defaults.update(topic_defaults(settings))
