@@ -20,6 +20,7 @@ from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.nullstorage import NullStorage
+from broker.schemaregistry.service import start_schema_registry
 from broker.storage import Storage
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import WalSettings
@@ -228,6 +229,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     )
     metrics.sources.tables = tables.status
     status_server = await _admin(settings, metrics, health, tables.status)
+    _registry, registry_server = await start_schema_registry(settings, storage.meta)
     compact = _counted(
         Compactor(storage.log, compaction_settings(settings)).run_once, metrics.compacted
     )
@@ -269,6 +271,8 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         await asyncio.gather(*background, return_exceptions=True)
         if status_server is not None:
             status_server.close()
+        if registry_server is not None:
+            registry_server.close()
         await close_server(server)
         await groups.stop()
         await storage.close()

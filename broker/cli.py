@@ -23,6 +23,7 @@ BROKER_FLAGS = {  # flag -> setting key
     "catalog": "catalog",
     "warehouse": "warehouse",
     "metrics": "metrics",
+    "schema_registry": "schema.registry",
 }
 
 
@@ -53,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--metrics",
         help="admin HOST:PORT serving /metrics and /status (default 127.0.0.1:9644; '' disables)",
+    )
+    b.add_argument(
+        "--schema-registry",
+        help="HOST:PORT serving the Schema Registry (default 127.0.0.1:8081; '' disables)",
     )
     b.add_argument("--config", help="TOML file of settings")
     b.add_argument(

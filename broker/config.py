@@ -336,6 +336,12 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
             "127.0.0.1:9644",
             "admin HOST:PORT serving /metrics and /status (off if empty)",
         ),
+        ConfigDef(
+            "schema.registry",
+            "string",
+            "127.0.0.1:8081",
+            "HOST:PORT serving the Confluent-compatible Schema Registry (off if empty)",
+        ),
         ConfigDef("log.level", "string", "info", choices=("debug", "info", "warning", "error")),
         ConfigDef("auto.create.topics.enable", "boolean", "true"),
         ConfigDef("num.partitions", "int", "1", check=_positive),
@@ -491,7 +497,7 @@ def load_settings(
             raise ConfigError(f"{e} (from {src})") from None
         s.sources[key] = src
     split_hostport(s.values["listen"], "listen")
-    for key in ("advertised", "metrics"):
+    for key in ("advertised", "metrics", "schema.registry"):
         if s.values[key]:
             split_hostport(s.values[key], key)
     return s

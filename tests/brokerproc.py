@@ -33,6 +33,8 @@ class BrokerProcess:
     listen: str = "127.0.0.1:0"
     admin_listen: str | None = "127.0.0.1:0"
     admin: str = ""  # the admin HOST:PORT once the broker printed it (see admin_address)
+    registry_listen: str | None = ""  # --schema-registry: "" off, "127.0.0.1:0" any port
+    registry: str = ""  # the registry's HOST:PORT once printed (`schema registry on ...`)
     _pump: threading.Thread = field(init=False, repr=False)
 
     @property
@@ -58,6 +60,8 @@ class BrokerProcess:
             "--data-dir",
             str(self.data_dir),
             *(["--metrics", self.admin_listen] if self.admin_listen is not None else []),
+            *(["--schema-registry", self.registry_listen]
+              if self.registry_listen is not None else []),
             *self.extra_args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
@@ -75,6 +79,8 @@ class BrokerProcess:
                 if not found.is_set() and line.startswith("listening on "):
                     self.address = line.split("listening on ", 1)[1].strip()
                     found.set()
+                elif line.startswith("schema registry on "):
+                    self.registry = line.split("schema registry on ", 1)[1].strip()
                 elif line.startswith("metrics on "):
                     self.admin = line.split("metrics on ", 1)[1].strip()
 
