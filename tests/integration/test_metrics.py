@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.brokerproc import BrokerProcess
-from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, error_endpoint
+from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, error_endpoint, stalled_endpoint
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,6 +143,25 @@ def test_broker_on_a_dead_s3_endpoint_says_so_and_reports_unhealthy(tmp_path: Pa
         assert scraped[("floe_health_ok", (("component", "object_store"),))] == 0
     finally:
         b.stop()
+
+
+@pytest.mark.slow
+def test_broker_on_a_stalled_s3_endpoint_says_so_within_the_probe_timeout(
+    tmp_path: Path,
+) -> None:
+    with stalled_endpoint() as endpoint:
+        url = f"s3://b/log?endpoint={endpoint}&region=us-east-1"
+        started = time.monotonic()
+        b = BrokerProcess(tmp_path / "d", ["--object-store", url], _s3_env()).start()
+        try:
+            assert time.monotonic() - started < 20  # the probe's 5 s bound, plus start-up
+            before_listening = b.log().split("listening on", 1)[0]
+            assert f"object store {url} is unreachable: no answer within" in before_listening
+            doc = status(b.admin_address())
+            assert doc["health"]["healthy"] is False
+            assert "no answer within" in doc["health"]["components"]["object_store"]["last_error"]
+        finally:
+            b.stop()
 
 
 def _port_free(port: int) -> bool:
