@@ -123,6 +123,12 @@ def test_broker_on_a_refusing_s3_endpoint_says_so_and_reports_unhealthy(tmp_path
             assert "AccessDenied" in c["last_error"] and c["last_error_at"] > 0
             assert doc["health"]["components"]["metadata"]["ok"] is True
             assert any(r.startswith("GET ") for r in seen)
+            r = subprocess.run(
+                [sys.executable, "-m", "broker.cli", "table", "status", "--metrics",
+                 b.admin_address()], capture_output=True, text=True, timeout=30, cwd=ROOT)
+            assert r.returncode == 0, r.stderr
+            first = r.stdout.splitlines()[0]
+            assert first.startswith(f"UNHEALTHY object_store {url}: ") and "AccessDenied" in first
         finally:
             b.stop()
 
