@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -149,7 +150,8 @@ class RegistryHttp:
         return int(text)
 
     async def schema_by_id(self, req: Request) -> Any:
-        s = await self.r.get_by_id(self._id(req.params[0]))
+        s = await self.r.formatted(await self.r.get_by_id(self._id(req.params[0])),
+                                   req.query.get("format", [None])[-1])
         return {"schema": s.schema} | schema_extras(s)
 
     async def raw_schema_by_id(self, req: Request) -> Any:
@@ -186,7 +188,8 @@ class RegistryHttp:
 
     async def get_version(self, req: Request) -> Any:
         sv = await self.r.get_version(req.params[0], req.params[1], req.flag("deleted"))
-        return sv.to_json()
+        s = await self.r.formatted(sv.schema, req.query.get("format", [None])[-1])
+        return dataclasses.replace(sv, schema=s).to_json()
 
     async def raw_version(self, req: Request) -> Any:
         sv = await self.r.get_version(req.params[0], req.params[1], req.flag("deleted"))

@@ -1,9 +1,14 @@
-"""Protobuf schemas: the `protobuf` library parses them; a subset of Confluent's rules compares.
+"""Protobuf schemas: parsed by protobuf's own tools; a subset of Confluent's rules compares.
 
-Accepted form: a serialized `FileDescriptorProto`, base64-encoded, which is what Confluent's
-Python serializers send and what Confluent's registry accepts besides `.proto` text. `.proto`
-text (what the Java serializers send) is refused with 42201: the protobuf library has no .proto
-parser, and the one well-kept compiler on PyPI (grpcio-tools' protoc) was not wired in.
+Accepted forms, as Confluent's registry accepts them:
+- a serialized `FileDescriptorProto`, base64-encoded (what Confluent's Python serializers
+  send), decoded by the `protobuf` library;
+- `.proto` text (what the Java serializers send), compiled by protoc itself (grpcio-tools'
+  `grpc_tools.protoc`) in a child process with a time limit, its imports being the schema's
+  references (`.proto` text or base64 descriptors, by reference name) and protobuf's
+  well-known types. Compiled descriptors are cached by a hash of their inputs, so the old
+  versions a compatibility check compares are compiled once per process.
+`serialized(fd)` gives the base64 form served for `?format=serialized`.
 
 `proto_can_read(reader, writer)` (both descriptors) lists incompatibilities, symmetric as
 Confluent's rules are: a message type of the writer missing in the reader; a field number
@@ -18,11 +23,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
 
-from broker.schemaregistry.errors import invalid_schema
+from broker.schemaregistry.errors import RegistryError, invalid_schema
+
+PROTOC_TIMEOUT_S = 20.0
+MAIN_FILE = "floe_schema_main.proto"
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,254}$")
 
 FDP = descriptor_pb2.FieldDescriptorProto
 WIRE_GROUPS = [
@@ -34,18 +51,85 @@ WIRE_GROUPS = [
 ]
 
 
-def parse_protobuf(text: str) -> descriptor_pb2.FileDescriptorProto:
-    """The file descriptor; RegistryError 42201 for anything but a base64 FileDescriptorProto."""
+def _from_base64(text: str) -> descriptor_pb2.FileDescriptorProto | None:
     try:
-        raw = base64.b64decode(text.strip(), validate=True)
-        fd = descriptor_pb2.FileDescriptorProto.FromString(raw)
+        fd = descriptor_pb2.FileDescriptorProto.FromString(
+            base64.b64decode(text.strip(), validate=True))
     except (binascii.Error, ValueError, DecodeError):
-        raise invalid_schema(
-            "PROTOBUF schemas are accepted as a base64-encoded FileDescriptorProto only"
-            " (.proto text is not supported by this registry)") from None
-    if not fd.name:
-        raise invalid_schema("the FileDescriptorProto has no file name")
-    return fd
+        return None
+    return fd if fd.name else None
+
+
+def parse_protobuf(text: str, deps: list[tuple[str, str]]
+                   ) -> descriptor_pb2.FileDescriptorProto:
+    """The file descriptor of a base64 FileDescriptorProto or of .proto text (compiled with
+    `deps`: (import name, text) of every referenced schema); RegistryError 42201 if invalid."""
+    fd = _from_base64(text)
+    if fd is not None:
+        return fd
+    if any(name == MAIN_FILE for name, _ in deps):
+        raise invalid_schema(f"reference name {MAIN_FILE} is reserved")
+    size = len(text) + sum(len(t) for _, t in deps)
+    compile_ = _compile_cached if size <= CACHED_INPUT_MAX else _compile
+    return descriptor_pb2.FileDescriptorProto.FromString(compile_(text, tuple(deps)))
+
+
+def serialized(fd: descriptor_pb2.FileDescriptorProto) -> str:
+    """The base64 FileDescriptorProto form (`?format=serialized`)."""
+    return base64.b64encode(fd.SerializeToString()).decode()
+
+
+def _protoc_include() -> str:
+    spec = importlib.util.find_spec("grpc_tools")  # run as a child process, never imported
+    if spec is None or not spec.submodule_search_locations:
+        raise invalid_schema(".proto text needs grpcio-tools (protoc), not installed")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "_proto")
+
+
+def _compile(text: str, deps: tuple[tuple[str, str], ...]) -> bytes:
+    """The serialized FileDescriptorProto protoc makes of text, its imports being deps."""
+    include = _protoc_include()
+    with tempfile.TemporaryDirectory(prefix="floe-proto-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        sets: list[str] = []
+        for i, (name, dep_text) in enumerate(deps):
+            if not SAFE_NAME.match(name) or ".." in name.split("/"):
+                raise invalid_schema(f"reference name {name[:100]!r} is not a .proto path")
+            dep_fd = _from_base64(dep_text)
+            if dep_fd is not None:
+                dep_fd.name = name
+                path = Path(tmp) / f"dep{i}.pb"
+                path.write_bytes(descriptor_pb2.FileDescriptorSet(file=[dep_fd])
+                                 .SerializeToString())
+                sets.append(str(path))
+            else:
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                (src / name).write_text(dep_text)
+        (src / MAIN_FILE).write_text(text)
+        out = Path(tmp) / "out.pb"
+        cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{src}", f"-I{include}",
+               f"--descriptor_set_out={out}", MAIN_FILE]
+        if sets:
+            cmd.insert(3, f"--descriptor_set_in={os.pathsep.join(sets)}")
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=PROTOC_TIMEOUT_S,
+                               cwd=src, check=False)
+        except subprocess.TimeoutExpired:
+            raise invalid_schema("protoc took too long") from None
+        if r.returncode != 0 or not out.exists():
+            detail = (r.stderr or r.stdout).replace(str(src) + os.sep, "").strip()
+            raise invalid_schema(f"protoc: {detail[:1000]}")
+        files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+    main = next((f for f in files if f.name == MAIN_FILE), None)
+    if main is None:
+        raise RegistryError(500, 50000, "protoc produced no descriptor")
+    return bytes(main.SerializeToString())
+
+
+# compiled descriptors of inputs up to 256 KiB: at most 256 x 256 KiB held
+CACHED_INPUT_MAX = 256 * 1024
+_compile_cached = functools.lru_cache(maxsize=256)(_compile)
 
 
 def _messages(fd: descriptor_pb2.FileDescriptorProto

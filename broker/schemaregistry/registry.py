@@ -13,10 +13,13 @@ Every error is a RegistryError with Confluent's code.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from broker.schemaregistry import errors
+from broker.schemaregistry.protobuf import serialized
 from broker.schemaregistry.schemas import LEVELS, TYPES, Parsed, incompatibilities, parse
 from broker.schemaregistry.store import Reference, RegistryStore, StoredSchema, VersionRow
 from s3stream.metadata import MetadataError, MetadataStore
@@ -79,12 +82,12 @@ class SchemaRegistry:
 
     # -- helpers on the store's thread ---------------------------------------------------------
     def _deps(self, db: Connection, refs: tuple[Reference, ...], depth: int = 0,
-              seen: set[int] | None = None) -> list[tuple[str, str]]:
+              seen: set[int] | None = None) -> list[tuple[str, str, str]]:
         """Referenced schemas, dependencies first; 42201 for one that does not exist."""
         if depth > MAX_REFERENCE_DEPTH:
             raise errors.invalid_schema("references nested too deeply")
         seen = set() if seen is None else seen
-        out: list[tuple[str, str]] = []
+        out: list[tuple[str, str, str]] = []
         for ref in refs:
             row = next((v for v in RegistryStore.versions(db, ref.subject)
                         if v.version == ref.version and not v.deleted), None)
@@ -97,7 +100,7 @@ class SchemaRegistry:
                 continue
             seen.add(target.id)
             out += self._deps(db, target.references, depth + 1, seen)
-            out.append((target.schema_type, target.schema))
+            out.append((ref.name, target.schema_type, target.schema))
         return out
 
     def _parse_stored(self, db: Connection, s: StoredSchema) -> Parsed:
@@ -153,12 +156,45 @@ class SchemaRegistry:
             raise errors.invalid_schema("a reference needs name, subject and version") from None
         return schema_type, out
 
+    async def _prepare(self, subject: str | None, stype: str, schema: str,
+                       refs: tuple[Reference, ...]) -> None:
+        """PROTOBUF .proto text is compiled by protoc (~0.2 s): do it off the store's thread
+        first, for the new schema and the subject's live versions, so that the transaction
+        that parses them again finds them cached. Errors surface in the transaction."""
+        if stype != "PROTOBUF":
+            return
+
+        def inputs(db: Connection) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+            out = [(stype, schema, self._deps(db, refs))]
+            for r in RegistryStore.versions(db, subject or ""):
+                s = RegistryStore.schema_by_id(db, r.schema_id)
+                if s is not None and not r.deleted:
+                    out.append((s.schema_type, s.schema, self._deps(db, s.references)))
+            return out
+
+        try:
+            todo = await self._run(inputs)
+            for t, text, deps in todo:
+                await asyncio.to_thread(parse, t, text, deps)
+        except errors.RegistryError:
+            pass
+
+    async def formatted(self, s: StoredSchema, fmt: str | None) -> StoredSchema:
+        """s with its schema in the requested format: `serialized` turns PROTOBUF .proto text
+        into a base64 FileDescriptorProto (what Confluent's Protobuf deserializers ask for)."""
+        if fmt != "serialized" or s.schema_type != "PROTOBUF":
+            return s
+        deps = await self._run(lambda db: self._deps(db, s.references))
+        parsed = await asyncio.to_thread(parse, s.schema_type, s.schema, deps)
+        return dataclasses.replace(s, schema=serialized(parsed.data))
+
     # -- the API -----------------------------------------------------------------------------
     async def register(self, subject: str, schema: str, schema_type: str | None = None,
                        references: list[dict[str, Any]] | None = None) -> tuple[int, int]:
         """(id, version) of schema under subject; RegistryError 409 if incompatible."""
         check_subject(subject)
         stype, refs = self._new_schema(schema_type, references)
+        await self._prepare(subject, stype, schema, refs)
 
         def txn(db: Connection) -> tuple[int, int]:
             parsed = parse(stype, schema, self._deps(db, refs))
@@ -186,6 +222,7 @@ class SchemaRegistry:
                      ) -> SubjectVersion:
         """The subject's version holding this schema; 40401 / 40403 if none."""
         stype, refs = self._new_schema(schema_type, references)
+        await self._prepare(None, stype, schema, refs)
 
         def txn(db: Connection) -> SubjectVersion:
             rows = [r for r in RegistryStore.versions(db, subject) if deleted or not r.deleted]
@@ -301,6 +338,7 @@ class SchemaRegistry:
         """What makes schema incompatible with the subject's version (or, with version None,
         with the versions its level checks); an empty list: compatible."""
         stype, refs = self._new_schema(schema_type, references)
+        await self._prepare(subject, stype, schema, refs)
 
         def txn(db: Connection) -> list[str]:
             parsed = parse(stype, schema, self._deps(db, refs))

@@ -38,14 +38,15 @@ class Parsed:
         return hashlib.sha256(key.encode()).hexdigest()
 
 
-def parse(schema_type: str, text: str, deps: list[tuple[str, str]]) -> Parsed:
-    """deps: (schema_type, text) of every referenced schema, dependencies first."""
+def parse(schema_type: str, text: str, deps: list[tuple[str, str, str]]) -> Parsed:
+    """deps: (reference name, schema_type, text) of every referenced schema, dependencies
+    first."""
     if schema_type not in TYPES:
         raise invalid_schema(f"unknown schema type {schema_type!r}")
     if schema_type == "AVRO":
         named: dict[str, Any] = {}
         names: dict[str, Any] = {}
-        for dep_type, dep_text in deps:
+        for _, dep_type, dep_text in deps:
             if dep_type != "AVRO":
                 raise invalid_schema("an AVRO schema can only reference AVRO schemas")
             collect_names(parse_avro(dep_text, named), None, names)
@@ -55,7 +56,9 @@ def parse(schema_type: str, text: str, deps: list[tuple[str, str]]) -> Parsed:
     if schema_type == "JSON":
         data = parse_json_schema(text)
         return Parsed("JSON", json.dumps(data, separators=(",", ":")), data)
-    fd = parse_protobuf(text)
+    if any(t != "PROTOBUF" for _, t, _ in deps):
+        raise invalid_schema("a PROTOBUF schema can only reference PROTOBUF schemas")
+    fd = parse_protobuf(text, [(name, dep_text) for name, _, dep_text in deps])
     return Parsed("PROTOBUF", text.strip(), fd)
 
 

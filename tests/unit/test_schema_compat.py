@@ -151,7 +151,9 @@ def test_every_level_is_known_and_none_checks_nothing() -> None:
 def test_invalid_schemas_are_42201() -> None:
     for stype, text in [("AVRO", "{not json"), ("AVRO", '{"type": "record", "name": "X"}'),
                         ("AVRO", '"NoSuchType"'), ("JSON", '{"type": 12}'),
-                        ("JSON", "[1, 2]"), ("PROTOBUF", "syntax = \"proto3\"; message M {}"),
+                        ("JSON", "[1, 2]"),
+                        ("PROTOBUF", "syntax = \"proto3\"; message M { int32 a = 1 }"),
+                        ("PROTOBUF", "syntax = \"proto3\"; import \"missing.proto\";"),
                         ("XML", "<a/>")]:
         with pytest.raises(RegistryError) as e:
             parse(stype, text, [])
@@ -239,3 +241,30 @@ def test_protobuf_rules() -> None:
 def test_schema_types_never_mix() -> None:
     j = js({"type": "object"})
     assert not ok("BACKWARD", j, V1)
+
+
+def test_protobuf_proto_text_is_compiled_by_protoc_with_its_references() -> None:
+    common = 'syntax = "proto3";\npackage t;\nmessage Money { int64 cents = 1; }\n'
+    v1_text = ('syntax = "proto3";\npackage t;\nimport "common.proto";\n'
+               'import "google/protobuf/timestamp.proto";\n'
+               'message Order { string id = 1; t.Money total = 2;'
+               ' google.protobuf.Timestamp at = 3; }\n')
+    deps = [("common.proto", "PROTOBUF", common)]
+    v1 = parse("PROTOBUF", v1_text, deps)
+    assert [f.name for f in v1.data.message_type[0].field] == ["id", "total", "at"]
+    assert list(v1.data.dependency) == ["common.proto", "google/protobuf/timestamp.proto"]
+    added = parse("PROTOBUF", v1_text.replace("at = 3;", "at = 3; repeated string tags = 4;"),
+                  deps)
+    assert ok("FULL", added, v1)
+    retyped = parse("PROTOBUF", v1_text.replace("string id = 1", "int64 id = 1"), deps)
+    problems = incompatibilities("BACKWARD", retyped, [(1, v1)])
+    assert problems and "TYPE_STRING changed to TYPE_INT64" in problems[0]
+    # the same schema as a base64 descriptor compares equal to its text form
+    b64 = base64.b64encode(v1.data.SerializeToString()).decode()
+    assert ok("FULL", parse("PROTOBUF", b64, []), v1)
+    with pytest.raises(RegistryError) as e:  # the reference is missing: protoc says so
+        parse("PROTOBUF", v1_text, [])
+    assert e.value.code == 42201 and "common.proto" in e.value.message
+    with pytest.raises(RegistryError) as e:  # a reference name that is not a relative path
+        parse("PROTOBUF", v1_text, [("../common.proto", "PROTOBUF", common)])
+    assert e.value.code == 42201
