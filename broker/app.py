@@ -16,13 +16,13 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
 from broker.health import PROBE_KEY, Health
-from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
+from broker.logcleaner import CleanerStats
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.nullstorage import NullStorage
 from broker.schemaregistry.service import start_schema_registry
 from broker.storage import Storage
-from s3stream.compaction import CompactionSettings, Compactor
+from s3stream.compaction import CompactionStats
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store, redact_url
 from s3stream.objectstore import ObjectNotFoundError, open_object_store
@@ -48,26 +48,6 @@ def build_storage(settings: Settings) -> Storage:
         open_object_store(settings.object_store_url),
         open_metadata_store(settings.metadata_url),
         wal,
-    )
-
-
-def compaction_settings(settings: Settings) -> CompactionSettings:
-    return CompactionSettings(
-        interval_ms=settings["compaction.interval.ms"],
-        min_age_ms=settings["compaction.min.age.ms"],
-        max_bytes_per_run=settings["compaction.max.bytes"],
-        stream_object_max_bytes=settings["stream.object.max.bytes"],
-        chunk_max_bytes=settings["stream.chunk.max.bytes"],
-        gc_delay_ms=settings["objects.gc.delay.ms"],
-    )
-
-
-def cleaner_settings(settings: Settings) -> CleanerSettings:
-    return CleanerSettings(
-        backoff_ms=settings["log.cleaner.backoff.ms"],
-        max_keys=settings["log.cleaner.dedupe.buffer.size"] // BYTES_PER_KEY,
-        chunk_max_bytes=settings["stream.chunk.max.bytes"],
-        object_max_bytes=settings["stream.object.max.bytes"],
     )
 
 
@@ -179,6 +159,19 @@ async def _run_null_broker(settings: Settings, stop: asyncio.Event) -> None:
         await storage.close()
 
 
+def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool], None]:
+    """The metrics counter of an engine maintenance job (compaction, log cleaner; others
+    are not counted)."""
+
+    def record(stats: object | None, failed: bool) -> None:
+        if job == "compaction":
+            metrics.compacted(stats if isinstance(stats, CompactionStats) else None, failed)
+        elif job == "log cleaner":
+            metrics.cleaned(stats if isinstance(stats, CleanerStats) else None, failed)
+
+    return record
+
+
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -230,37 +223,15 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     metrics.sources.tables = tables.status
     status_server = await _admin(settings, metrics, health, tables.status)
     _registry, registry_server = await start_schema_registry(settings, storage.meta)
-    compact = _counted(
-        Compactor(storage.log, compaction_settings(settings)).run_once, metrics.compacted
-    )
-    clean = _counted(LogCleaner(storage, cleaner_settings(settings)).run_once, metrics.cleaned)
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
         asyncio.create_task(health.run(), name="health"),
-        asyncio.create_task(
-            _every(
-                settings["compaction.interval.ms"],
-                "compaction",
-                compact,
-            )
-        ),
-        asyncio.create_task(
-            _every(
-                settings["log.retention.check.interval.ms"],
-                "retention",
-                storage.apply_retention,
-            )
-        ),
     ]
-    if settings["log.cleaner.enable"]:
+    # the engine's own maintenance (compaction, retention, log cleaner), counted in metrics
+    for job in storage.maintenance_jobs(settings):
+        run = _counted(job.run, _recorder(metrics, job.name))
         background.append(
-            asyncio.create_task(
-                _every(
-                    settings["log.cleaner.backoff.ms"],
-                    "log cleaner",
-                    clean,
-                )
-            )
+            asyncio.create_task(_every(job.interval_ms, job.name, run), name=job.name)
         )
     try:
         await stop.wait()
