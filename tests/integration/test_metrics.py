@@ -91,6 +91,8 @@ def test_metrics_follow_real_traffic_and_group_lag_matches_describe(
     assert total(after, "floe_wal_flush_bytes_sum") >= 200 * len(value)
     assert total(after, "floe_object_store_requests_total", op="PUT") > 0
     assert total(after, "floe_object_store_errors_total") == 0
+    assert total(after, "floe_cache_hits_total") > 0  # consumers read what was just written
+    assert total(after, "floe_topics") >= 1 and total(after, "floe_connections") >= 1
     # lag computed by the broker at scrape time == what `floe groups describe` computes
     row = {(r["topic"], r["partition"]): r for r in json.loads(out)["partitions"]}[("metered", 0)]
     assert (row["committed"], row["end"], row["lag"]) == (120, 200, 80)
