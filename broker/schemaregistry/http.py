@@ -4,10 +4,11 @@ server running on the broker's event loop (asyncio streams; no web framework is 
 Bounds on hostile input: a request line or header line of at most 8 KiB, at most 100 headers,
 a body of at most `MAX_BODY` bytes given by Content-Length (chunked bodies are refused with
 411), 30 s to send a request, at most 1000 requests per connection. A request that breaks
-them gets an error JSON and the connection is closed; nothing else is affected. Errors are
-`{"error_code": ..., "message": ...}`: Confluent's registry codes (see .errors), plain HTTP
-codes for HTTP-level problems (404 unknown path, 405, 400 malformed JSON, 413 body too large),
-50001 for a store failure, 50000 for a bug (logged).
+them gets an error JSON and the connection is closed; nothing else is affected. At most
+`max_connections` (512) connections are served at once; one more is answered 503 and closed.
+Errors are `{"error_code": ..., "message": ...}`: Confluent's registry codes (see .errors),
+plain HTTP codes for HTTP-level problems (404 unknown path, 405, 400 malformed JSON, 413 body
+too large, 503 too many connections), 50001 for a store failure, 50000 for a bug (logged).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ MAX_LINE = 8192
 MAX_HEADERS = 100
 MAX_BODY = 8 * 1024 * 1024
 REQUEST_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 512
 MAX_REQUESTS_PER_CONNECTION = 1000
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 409: "Conflict", 411: "Length Required",
            413: "Payload Too Large", 422: "Unprocessable Entity",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+           431: "Request Header Fields Too Large", 500: "Internal Server Error",
+           503: "Service Unavailable"}
 
 Handler = Callable[["Request"], Awaitable[Any]]
 
@@ -317,12 +320,26 @@ async def _serve_connection(http: RegistryHttp, reader: asyncio.StreamReader,
         writer.close()
 
 
-async def serve_registry(registry: SchemaRegistry, host: str, port: int) -> asyncio.Server:
+async def serve_registry(registry: SchemaRegistry, host: str, port: int,
+                         max_connections: int = MAX_CONNECTIONS) -> asyncio.Server:
     http = RegistryHttp(registry)
+    open_connections = 0
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # an idle keep-alive connection at shutdown: its task is cancelled; end it quietly
-        with contextlib.suppress(asyncio.CancelledError):
-            await _serve_connection(http, reader, writer)
+        nonlocal open_connections
+        if open_connections >= max_connections:
+            writer.write(_response(503, {"error_code": 503,
+                                         "message": "too many connections"}, True))
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.drain()
+            writer.close()
+            return
+        open_connections += 1
+        try:
+            # an idle keep-alive connection at shutdown: its task is cancelled; end it quietly
+            with contextlib.suppress(asyncio.CancelledError):
+                await _serve_connection(http, reader, writer)
+        finally:
+            open_connections -= 1
 
     return await asyncio.start_server(on_connect, host, port, limit=MAX_LINE)
