@@ -23,33 +23,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol, TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import urlparse
 
+from s3stream.errors import ObjectNotFoundError as ObjectNotFoundError  # re-exported
+from s3stream.errors import ObjectStoreError as ObjectStoreError
+from s3stream.errors import ObjectStoreTimeoutError as ObjectStoreTimeoutError
+from s3stream.errors import RetryableError as RetryableError
 from s3stream.stats import ObjectStoreStats
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class ObjectStoreError(Exception):
-    """A failed object store call. `retriable`: the same call may succeed if repeated."""
-
-    retriable: ClassVar[bool] = False
-
-
-class RetryableError(ObjectStoreError):
-    """A transient failure: throttling, 5xx, a timeout, a dropped connection."""
-
-    retriable: ClassVar[bool] = True
-
-
-class ObjectStoreTimeoutError(RetryableError):
-    pass
-
-
-class ObjectNotFoundError(ObjectStoreError):
-    pass
 
 
 def is_retriable(exc: BaseException) -> bool:

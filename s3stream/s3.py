@@ -32,7 +32,7 @@ import boto3  # type: ignore[import-untyped]
 from botocore import exceptions as boto_errors  # type: ignore[import-untyped]
 from botocore.config import Config  # type: ignore[import-untyped]
 
-from s3stream.objectstore import (
+from s3stream.errors import (
     ObjectNotFoundError,
     ObjectStoreError,
     ObjectStoreTimeoutError,
