@@ -72,6 +72,10 @@ def reference_exists(what: str) -> RegistryError:
     return RegistryError(422, 42206, f"One or more references exist to the schema {what}.")
 
 
+def invalid_subject(subject: str) -> RegistryError:
+    return RegistryError(422, 42208, f"The specified subject '{subject}' is not a valid.")
+
+
 def incompatible(messages: list[str]) -> RegistryError:
     return RegistryError(409, 409, "Schema being registered is incompatible with an earlier"
                          " schema for subject; details: " + "; ".join(messages))

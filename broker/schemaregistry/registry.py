@@ -64,7 +64,7 @@ def parse_version(text: str) -> int | None:
 
 def check_subject(subject: str) -> None:
     if not subject or len(subject) > MAX_SUBJECT_CHARS or not subject.isprintable():
-        raise errors.invalid_schema(f"invalid subject name {subject[:100]!r}")
+        raise errors.invalid_subject(subject[:100])
 
 
 class SchemaRegistry:

@@ -94,7 +94,8 @@ async def test_config_levels_and_refusals(meta: MetadataStore) -> None:
     assert await reg.delete_config("s") == "FULL_TRANSITIVE"
     await reg.set_config(None, "NONE")
     assert await reg.register("s", incompatible) == (2, 2)
-    assert await code_of(reg.register("", incompatible)) == 42201
+    assert await code_of(reg.register("", incompatible)) == 42208
+    assert await code_of(reg.register("a\x00b", incompatible)) == 42208
     assert await code_of(reg.register("s", "{", "AVRO")) == 42201
     assert await code_of(reg.get_version("s", "0")) == 42202
 
