@@ -318,9 +318,13 @@ class SchemaRegistry:
 
     async def delete_version(self, subject: str, version: str, permanent: bool = False) -> int:
         def txn(db: Connection) -> int:
-            row = self._version(db, subject, version, deleted=permanent)
+            # a numbered version is found soft-deleted or not; "latest" is the latest live one
+            row = self._version(db, subject, version,
+                                deleted=permanent or parse_version(version) is not None)
             if permanent and not row.deleted:
                 raise errors.version_not_soft_deleted(subject, row.version)
+            if not permanent and row.deleted:
+                raise errors.version_soft_deleted(subject, row.version)
             if RegistryStore.referenced_by(db, subject, row.version):
                 raise errors.reference_exists(f"{subject} version {row.version}")
             if permanent:

@@ -62,6 +62,10 @@ async def test_ids_are_global_and_stable_and_versions_follow_confluent(
     assert await reg.delete_version("s1", "latest") == 2
     assert await reg.versions("s1") == [1]
     assert await reg.versions("s1", deleted=True) == [1, 2]
+    assert await code_of(reg.delete_version("s1", "2")) == 40406  # already soft-deleted
+    assert await code_of(reg.delete_version("s1", "1", permanent=True)) == 40407
+    assert await code_of(reg.get_version("s1", "2")) == 40402
+    assert (await reg.get_version("s1", "2", deleted=True)).schema.id == 2
     assert await reg.delete_version("s1", "2", permanent=True) == 2
     assert await reg.register("s1", record("A", "x", "z")) == (3, 2)
     assert await reg.register("s1", record("A", "x", "y")) == (2, 3)  # the old id comes back
