@@ -186,8 +186,9 @@ class RegistryHttp:
 
     async def register(self, req: Request) -> Any:
         schema, stype, refs = req.schema_body()
-        schema_id, version = await self.r.register(req.params[0], schema, stype, refs)
-        return {"id": schema_id, "version": version}
+        schema_id, _ = await self.r.register(req.params[0], schema, stype, refs)
+        # exactly {"id": N}, as Confluent answers: older Java clients refuse unknown fields
+        return {"id": schema_id}
 
     async def get_version(self, req: Request) -> Any:
         sv = await self.r.get_version(req.params[0], req.params[1], req.flag("deleted"))
