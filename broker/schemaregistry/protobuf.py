@@ -6,8 +6,9 @@ Accepted forms, as Confluent's registry accepts them:
 - `.proto` text (what the Java serializers send), compiled by protoc itself (grpcio-tools'
   `grpc_tools.protoc`) in a child process with a time limit, its imports being the schema's
   references (`.proto` text or base64 descriptors, by reference name) and protobuf's
-  well-known types. Compiled descriptors are cached by a hash of their inputs, so the old
-  versions a compatibility check compares are compiled once per process.
+  well-known types; at most two protoc processes run at once. Compiled descriptors are cached
+  by their inputs, so the old versions a compatibility check compares are compiled once per
+  process.
 `serialized(fd)` gives the base64 form served for `?format=serialized`.
 
 `proto_can_read(reader, writer)` (both descriptors) lists incompatibilities, symmetric as
@@ -30,6 +31,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
@@ -38,6 +40,7 @@ from google.protobuf.message import DecodeError
 from broker.schemaregistry.errors import RegistryError, invalid_schema
 
 PROTOC_TIMEOUT_S = 20.0
+PROTOC_AT_ONCE = threading.BoundedSemaphore(2)  # protoc child processes running at once
 MAIN_FILE = "floe_schema_main.proto"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,254}$")
 
@@ -113,8 +116,9 @@ def _compile(text: str, deps: tuple[tuple[str, str], ...]) -> bytes:
         if sets:
             cmd.insert(3, f"--descriptor_set_in={os.pathsep.join(sets)}")
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=PROTOC_TIMEOUT_S,
-                               cwd=src, check=False)
+            with PROTOC_AT_ONCE:
+                r = subprocess.run(cmd, capture_output=True, text=True,
+                                   timeout=PROTOC_TIMEOUT_S, cwd=src, check=False)
         except subprocess.TimeoutExpired:
             raise invalid_schema("protoc took too long") from None
         if r.returncode != 0 or not out.exists():
