@@ -404,3 +404,24 @@ def test_proto_text_schemas_as_java_clients_send_them(broker: BrokerProcess) -> 
     finally:
         consumer.close()
     assert got == sent
+
+
+def test_a_registry_port_in_use_is_logged_and_the_broker_still_serves_kafka(
+        tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = BrokerProcess(data_dir=tmp_path / "data",
+                          registry_listen=f"127.0.0.1:{port}").start()
+        try:
+            producer = Producer({"bootstrap.servers": b.bootstrap})
+            producer.produce("still-up", b"v")
+            assert producer.flush(10) == 0
+            deadline = time.monotonic() + 10
+            while "not served" not in b.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert f"schema registry 127.0.0.1:{port} not served" in b.log()
+            assert b.registry == ""
+        finally:
+            b.stop()
