@@ -78,6 +78,59 @@ def collect_names(schema: Any, namespace: str | None, names: dict[str, Any],
             collect_names(t, namespace, names, depth + 1)
 
 
+def check_defaults(names: dict[str, Any]) -> None:
+    """42201 for a record field whose default does not fit its type (as Avro's parser and
+    Confluent's registry refuse it: "Invalid default for field"). fastavro checks primitive
+    and union defaults itself; this also covers int ranges, arrays, maps, enums and records.
+    A union's default may fit any branch (as fastavro accepts it)."""
+    for record in names.values():
+        if record.get("type") not in ("record", "error"):
+            continue
+        for f in record["fields"]:
+            if "default" in f and not _default_ok(f["type"], record["_ns"], f["default"],
+                                                   names, 0):
+                raise invalid_schema(f"Invalid default for field {f['name']}:"
+                                     f" {json.dumps(f['default'])[:100]} not a"
+                                     f" {json.dumps(f['type'])[:200]}")
+
+
+INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+
+
+def _default_ok(schema: Any, ns: str | None, value: Any, names: dict[str, Any],
+                depth: int) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    s, ns = _resolve(schema, ns, names)
+    kind = _kind(s)
+    if kind == "union":
+        return any(_default_ok(b, ns, value, names, depth + 1) for b in s)
+    if kind == "null":
+        return value is None
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind in INT_RANGES:
+        lo, hi = INT_RANGES[kind]
+        return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+    if kind in ("float", "double"):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind in ("string", "bytes", "fixed"):
+        return isinstance(value, str)
+    if kind == "enum":
+        return isinstance(value, str) and value in s["symbols"]
+    if kind == "array":
+        return isinstance(value, list) and all(
+            _default_ok(s["items"], ns, v, names, depth + 1) for v in value)
+    if kind == "map":
+        return isinstance(value, dict) and all(
+            _default_ok(s["values"], ns, v, names, depth + 1) for v in value.values())
+    if kind in ("record", "error"):
+        return isinstance(value, dict) and all(
+            _default_ok(f["type"], ns, value[f["name"]], names, depth + 1) if f["name"] in value
+            else "default" in f for f in s["fields"])
+    return False
+
+
 def _resolve(schema: Any, namespace: str | None, names: dict[str, Any]) -> tuple[Any, str | None]:
     """Named references replaced by their definition; a {"type": X} wrapper unwrapped."""
     if isinstance(schema, str):

@@ -15,7 +15,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.schemaregistry.avro import avro_can_read, collect_names, parse_avro
+from broker.schemaregistry.avro import (
+    avro_can_read,
+    check_defaults,
+    collect_names,
+    parse_avro,
+)
 from broker.schemaregistry.errors import invalid_schema
 from broker.schemaregistry.jsonschema_compat import json_can_read, parse_json_schema
 from broker.schemaregistry.protobuf import parse_protobuf, proto_can_read
@@ -52,6 +57,7 @@ def parse(schema_type: str, text: str, deps: list[tuple[str, str, str]]) -> Pars
             collect_names(parse_avro(dep_text, named), None, names)
         data = parse_avro(text, named)
         collect_names(data, None, names)
+        check_defaults(names)
         return Parsed("AVRO", json.dumps(data, separators=(",", ":")), data, names)
     if schema_type == "JSON":
         data = parse_json_schema(text)

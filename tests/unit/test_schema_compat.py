@@ -268,3 +268,26 @@ def test_protobuf_proto_text_is_compiled_by_protoc_with_its_references() -> None
     with pytest.raises(RegistryError) as e:  # a reference name that is not a relative path
         parse("PROTOBUF", v1_text, [("../common.proto", "PROTOBUF", common)])
     assert e.value.code == 42201
+
+
+@pytest.mark.parametrize("ftype,default,valid", [
+    ("string", "", True), ("string", None, False), ("int", 3, True), ("int", 2**31, False),
+    ("int", True, False), ("long", 2**40, True), ("double", 1, True), ("boolean", 0, False),
+    (["null", "string"], None, True), (["string", "null"], None, True),
+    (["null", "string"], 5, False), ({"type": "array", "items": "int"}, [1, 2], True),
+    ({"type": "array", "items": "int"}, ["x"], False),
+    ({"type": "map", "values": "long"}, {"a": 1}, True),
+    ({"type": "enum", "name": "E", "symbols": ["A", "B"]}, "C", False),
+    ({"type": "record", "name": "In", "fields": [{"name": "a", "type": "int"}]}, {"a": 1}, True),
+    ({"type": "record", "name": "In", "fields": [{"name": "a", "type": "int"}]}, {}, False),
+])
+def test_avro_field_defaults_must_fit_their_type(ftype: Any, default: Any, valid: bool) -> None:
+    text = json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "f", "type": ftype, "default": default}]})
+    if valid:
+        parse("AVRO", text, [])
+    else:
+        with pytest.raises(RegistryError) as e:
+            parse("AVRO", text, [])
+        # fastavro refuses some itself ("Default value <x> must match"), floe the rest
+        assert e.value.code == 42201 and "default" in e.value.message.lower()
