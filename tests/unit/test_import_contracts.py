@@ -8,7 +8,9 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,17 +43,34 @@ def _toml(value: object) -> str:
     return str(value)
 
 
-def test_the_layers_contract_catches_broker_importing_tabletopic(tmp_path: Path) -> None:
+def contracts_with(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    """pyproject.toml's contracts, each passed through `change`, as a config file."""
     linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     lines = ["[tool.importlinter]", f"root_packages = {_toml(linter['root_packages'])}"]
     for contract in linter["contracts"]:
+        change(contract)
         lines.append("[[tool.importlinter.contracts]]")
-        for key, value in contract.items():
-            if key == "ignore_imports" and contract["type"] == "layers":
-                value = [v for v in value if not v.startswith("broker.app ")]
-            lines.append(f"{key} = {_toml(value)}")
+        lines += [f"{key} = {_toml(value)}" for key, value in contract.items()]
     config = tmp_path / "contracts.toml"
     config.write_text("\n".join(lines) + "\n")
-    r = lint_imports(config)
+    return config
+
+
+def test_the_layers_contract_catches_broker_importing_tabletopic(tmp_path: Path) -> None:
+    def drop_root_exception(c: dict[str, Any]) -> None:
+        if c["type"] == "layers":
+            c["ignore_imports"] = [v for v in c["ignore_imports"] if not v.startswith("broker.app")]
+
+    r = lint_imports(contracts_with(tmp_path, drop_root_exception))
     assert r.returncode != 0
     assert "broker.app -> tabletopic" in r.stdout, r.stdout
+
+
+def test_the_seam_contract_catches_a_direct_import_of_the_engine(tmp_path: Path) -> None:
+    def hold_the_root_to_it(c: dict[str, Any]) -> None:  # broker.app imports broker.storage
+        if c["name"].startswith("the storage seam"):
+            c["source_modules"] = [*c["source_modules"], "broker.app"]
+
+    r = lint_imports(contracts_with(tmp_path, hold_the_root_to_it))
+    assert r.returncode != 0
+    assert "broker.app is not allowed to import broker.storage" in r.stdout, r.stdout
