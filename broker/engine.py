@@ -1,8 +1,8 @@
 """The storage seam: the Kafka-level interface every storage engine offers.
 
 Handlers, DeleteRecords, table topics and the composition root reach the log only through
-`StorageEngine`; which engine sits behind it is chosen by the object-store URL
-(`broker.app.build_storage`):
+`StorageEngine` (an import contract in pyproject.toml keeps it so); which engine sits behind
+it is chosen by the object-store URL in the composition root (`broker.app.run_broker`):
 
 - `broker.storage.Storage`: the s3stream engine (`file://`, `s3://`, `memory://` objects,
   metadata in SQL). Its maintenance (compaction, retention, the log cleaner) is internal: it

@@ -1,6 +1,7 @@
 """The package contracts of pyproject.toml ([tool.importlinter]) hold, and they are not vacuous:
 without the composition-root exception the layers contract catches broker/app.py importing
-tabletopic. `./dev test` also runs `lint-imports` on its own, after mypy."""
+tabletopic, and the storage-seam contract catches a direct import of the s3stream engine.
+`./dev test` also runs `lint-imports` on its own, after mypy."""
 
 from __future__ import annotations
 
