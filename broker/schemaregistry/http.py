@@ -244,13 +244,20 @@ class RawText(str):
     """A handler result sent as the body itself (GET .../schema), not JSON-encoded."""
 
 
-def _response(status: int, body: Any, close: bool) -> bytes:
+def _content_type(accept: str) -> str:
+    """application/json when the client asks for it and not for Confluent's own type."""
+    if "application/json" in accept and "schemaregistry" not in accept:
+        return "application/json"
+    return CONTENT_TYPE
+
+
+def _response(status: int, body: Any, close: bool, content_type: str = CONTENT_TYPE) -> bytes:
     if isinstance(body, RawText):
         payload = str(body).encode()
     else:
         payload = json.dumps(body, separators=(",", ":")).encode()
     head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
-            f"Content-Type: {CONTENT_TYPE}\r\nContent-Length: {len(payload)}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
             f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n")
     return head.encode() + payload
 
@@ -261,7 +268,8 @@ class _Refused(Exception):
         self.status = status
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
+async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                        ) -> tuple[str, str, dict[str, str], bytes]:
     line = await reader.readuntil(b"\n")
     parts = line.decode("latin-1").split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -285,6 +293,8 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[st
     length = int(length_text)
     if length > MAX_BODY:
         raise _Refused(413, f"request body larger than {MAX_BODY} bytes")
+    if length and headers.get("expect", "").lower() == "100-continue":  # curl, large bodies
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     body = await reader.readexactly(length) if length else b""
     return parts[0].upper(), parts[1], headers, body
 
@@ -295,7 +305,7 @@ async def _serve_connection(http: RegistryHttp, reader: asyncio.StreamReader,
         for n in range(MAX_REQUESTS_PER_CONNECTION):
             try:
                 method, target, headers, body = await asyncio.wait_for(
-                    _read_request(reader), REQUEST_TIMEOUT_S)
+                    _read_request(reader, writer), REQUEST_TIMEOUT_S)
             except _Refused as e:
                 writer.write(_response(e.status, {"error_code": e.status, "message": str(e)},
                                        True))
@@ -311,7 +321,8 @@ async def _serve_connection(http: RegistryHttp, reader: asyncio.StreamReader,
             status, result = await http.dispatch(method, target, body)
             close = (headers.get("connection", "").lower() == "close"
                      or n == MAX_REQUESTS_PER_CONNECTION - 1)
-            writer.write(_response(status, result, close))
+            writer.write(_response(status, result, close,
+                                   _content_type(headers.get("accept", ""))))
             await writer.drain()
             if close:
                 return

@@ -93,3 +93,18 @@ async def test_one_connection_more_than_the_limit_gets_503(server: tuple[str, in
         w.write(request("GET", "/subjects"))
         assert (await response(r))[0] == 200
         w.close()
+
+
+async def test_expect_continue_and_accept_application_json(server: tuple[str, int]) -> None:
+    reader, writer = await asyncio.open_connection(*server)
+    body = json.dumps({"schema": AVRO}).encode()
+    writer.write(b"POST /subjects/c/versions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                 b"Accept: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode())
+    assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+    assert await reader.readline() == b"\r\n"
+    writer.write(body)
+    status, headers, payload = await response(reader)
+    assert (status, headers["content-type"], json.loads(payload)) == (
+        200, "application/json", {"id": 1})
+    writer.close()
