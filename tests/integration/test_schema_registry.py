@@ -340,9 +340,12 @@ def test_hostile_http_gets_confluent_errors_and_the_broker_keeps_serving(
     for junk in (b"GET / HTTP/1.1\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",
                  b"\x00\xff garbage\r\n\r\n", b"GET /subjects HTTP/1.1\r\nContent-Le"):
         with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(junk)
-            s.shutdown(socket.SHUT_WR)
-            reply = s.recv(65536)
+            try:
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                reply = s.recv(65536)
+            except ConnectionResetError:  # closed with our junk unread: refused all the same
+                reply = b""
         assert reply == b"" or reply.startswith(b"HTTP/1.1 4"), reply[:100]
     # still serving, registry and Kafka alike
     assert raw(address, "GET", "/subjects") == (200, [])
