@@ -285,6 +285,8 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         headers[name.strip().lower()] = value.strip()
     else:
         raise _Refused(431, "too many headers")
+    if parts[2] == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
+        headers["connection"] = "close"  # HTTP/1.0 closes after each response by default
     if "transfer-encoding" in headers:
         raise _Refused(411, "chunked bodies are not accepted; send Content-Length")
     length_text = headers.get("content-length", "0")

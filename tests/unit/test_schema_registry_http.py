@@ -108,3 +108,13 @@ async def test_expect_continue_and_accept_application_json(server: tuple[str, in
     assert (status, headers["content-type"], json.loads(payload)) == (
         200, "application/json", {"id": 1})
     writer.close()
+
+
+async def test_an_http_1_0_request_is_answered_and_closed(server: tuple[str, int]) -> None:
+    reader, writer = await asyncio.open_connection(*server)
+    writer.write(b"GET /schemas/types HTTP/1.0\r\n\r\n")
+    status, headers, body = await response(reader)
+    assert (status, headers["connection"], json.loads(body)) == (
+        200, "close", ["AVRO", "JSON", "PROTOBUF"])
+    assert await reader.read() == b""
+    writer.close()
