@@ -11,13 +11,15 @@ Accepted forms, as Confluent's registry accepts them:
   process.
 `serialized(fd)` gives the base64 form served for `?format=serialized`.
 
-`proto_can_read(reader, writer)` (both descriptors) lists incompatibilities, symmetric as
-Confluent's rules are: a message type of the writer missing in the reader; a field number
-whose type changes outside the wire-compatible groups {int32, uint32, int64, uint64, bool},
-{sint32, sint64}, {fixed32, sfixed32}, {fixed64, sfixed64}, {string, bytes}; a field moving
-between singular and repeated; a field's message or enum type changing name; a field moving
-into or out of a oneof; the file's package changing. Added or removed fields, renamed fields
-and added message types are compatible.
+`proto_can_read(reader, writer)` (both descriptors) lists why data written with `writer` may
+not be read with `reader`, after Confluent's Protobuf rules: a message type of the writer
+missing in the reader (so a new message type is backward but not forward compatible, as in
+Confluent); a field number whose type changes outside the wire-compatible groups {int32,
+uint32, int64, uint64, bool}, {sint32, sint64}, {fixed32, sfixed32}, {fixed64, sfixed64},
+{string, bytes}; a field moving between singular and repeated; a field's message or enum type
+changing name; a field moving into or out of a oneof; a proto2 required field added, removed
+or made (not) required; the file's package changing. Added or removed optional fields and
+renamed fields are compatible.
 """
 
 from __future__ import annotations
@@ -164,10 +166,18 @@ def proto_can_read(reader: descriptor_pb2.FileDescriptorProto,
             out.append(f"{name}: message removed")
             continue
         rfields = {f.number: f for f in rm.field}
+        wnumbers = {f.number for f in wm.field}
+        for added in rm.field:
+            if added.label == FDP.LABEL_REQUIRED and added.number not in wnumbers:
+                out.append(f"{name}.{added.name} (#{added.number}): required field added")
         for wf in wm.field:
             rf = rfields.get(wf.number)
             if rf is None:
+                if wf.label == FDP.LABEL_REQUIRED:
+                    out.append(f"{name}.{wf.name} (#{wf.number}): required field removed")
                 continue
+            if (rf.label == FDP.LABEL_REQUIRED) != (wf.label == FDP.LABEL_REQUIRED):
+                out.append(f"{name}.{wf.name} (#{wf.number}): required changed")
             where = f"{name}.{wf.name} (#{wf.number})"
             if rf.type != wf.type and not any({rf.type, wf.type} <= g for g in WIRE_GROUPS):
                 out.append(f"{where}: type {FDP.Type.Name(wf.type)} changed to"

@@ -236,6 +236,11 @@ def test_protobuf_rules() -> None:
     two = proto([("id", 1, F.TYPE_INT32, OPT)], messages=("Msg", "Other"))
     one = proto([("id", 1, F.TYPE_INT32, OPT)])
     assert ok("BACKWARD", two, one) and not ok("BACKWARD", one, two)  # message removed
+    req = proto([("id", 1, F.TYPE_INT32, F.LABEL_REQUIRED)])
+    assert not ok("BACKWARD", req, one) and not ok("BACKWARD", one, req)  # required changed
+    req2 = proto([("id", 1, F.TYPE_INT32, OPT), ("must", 2, F.TYPE_INT32, F.LABEL_REQUIRED)])
+    assert not ok("BACKWARD", req2, one)  # a required field added
+    assert not ok("BACKWARD", one, req2)  # a required field removed
 
 
 def test_schema_types_never_mix() -> None:
