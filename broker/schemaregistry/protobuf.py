@@ -36,7 +36,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.message import DecodeError
 
 from broker.schemaregistry.errors import RegistryError, invalid_schema
@@ -71,12 +71,46 @@ def parse_protobuf(text: str, deps: list[tuple[str, str]]
     `deps`: (import name, text) of every referenced schema); RegistryError 42201 if invalid."""
     fd = _from_base64(text)
     if fd is not None:
+        _check_descriptor(fd, deps)
         return fd
     if any(name == MAIN_FILE for name, _ in deps):
         raise invalid_schema(f"reference name {MAIN_FILE} is reserved")
     size = len(text) + sum(len(t) for _, t in deps)
     compile_ = _compile_cached if size <= CACHED_INPUT_MAX else _compile
     return descriptor_pb2.FileDescriptorProto.FromString(compile_(text, tuple(deps)))
+
+
+def _check_descriptor(fd: descriptor_pb2.FileDescriptorProto, deps: list[tuple[str, str]]
+                      ) -> None:
+    """42201 unless fd builds in a descriptor pool holding its references (as named) and the
+    well-known types it imports: every type it names must exist."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(f: descriptor_pb2.FileDescriptorProto) -> None:
+        for dep in f.dependency:
+            if dep not in added and dep.startswith("google/protobuf/"):
+                module = "google.protobuf." + dep.removeprefix("google/protobuf/") \
+                    .removesuffix(".proto").replace("/", ".") + "_pb2"
+                try:
+                    known = importlib.import_module(module)
+                except ImportError:
+                    continue  # not a well-known type protobuf ships: pool.Add will say so
+                add(descriptor_pb2.FileDescriptorProto.FromString(
+                    known.DESCRIPTOR.serialized_pb))
+        if f.name not in added:
+            added.add(f.name)
+            pool.Add(f)
+
+    try:
+        for i, (name, dep_text) in enumerate(deps):  # dependencies come first
+            dep_fd = _from_base64(dep_text) or descriptor_pb2.FileDescriptorProto.FromString(
+                _compile_cached(dep_text, tuple(deps[:i])))
+            dep_fd.name = name
+            add(dep_fd)
+        add(fd)
+    except (TypeError, ValueError, KeyError) as e:
+        raise invalid_schema(f"descriptor does not build: {e}") from None
 
 
 def serialized(fd: descriptor_pb2.FileDescriptorProto) -> str:

@@ -204,8 +204,8 @@ def test_json_keywords_floe_does_not_compare_are_refused_when_changed() -> None:
 
 
 def proto(fields: list[tuple[str, int, int, int]], package: str = "t",
-          messages: tuple[str, ...] = ("Msg",)) -> Parsed:
-    fd = descriptor_pb2.FileDescriptorProto(name="t.proto", package=package, syntax="proto3")
+          messages: tuple[str, ...] = ("Msg",), syntax: str = "proto3") -> Parsed:
+    fd = descriptor_pb2.FileDescriptorProto(name="t.proto", package=package, syntax=syntax)
     for mname in messages:
         m = fd.message_type.add(name=mname)
         for name, number, ftype, label in fields:
@@ -236,9 +236,11 @@ def test_protobuf_rules() -> None:
     two = proto([("id", 1, F.TYPE_INT32, OPT)], messages=("Msg", "Other"))
     one = proto([("id", 1, F.TYPE_INT32, OPT)])
     assert ok("BACKWARD", two, one) and not ok("BACKWARD", one, two)  # message removed
-    req = proto([("id", 1, F.TYPE_INT32, F.LABEL_REQUIRED)])
+    one = proto([("id", 1, F.TYPE_INT32, OPT)], syntax="proto2")
+    req = proto([("id", 1, F.TYPE_INT32, F.LABEL_REQUIRED)], syntax="proto2")
     assert not ok("BACKWARD", req, one) and not ok("BACKWARD", one, req)  # required changed
-    req2 = proto([("id", 1, F.TYPE_INT32, OPT), ("must", 2, F.TYPE_INT32, F.LABEL_REQUIRED)])
+    req2 = proto([("id", 1, F.TYPE_INT32, OPT), ("must", 2, F.TYPE_INT32, F.LABEL_REQUIRED)],
+                 syntax="proto2")
     assert not ok("BACKWARD", req2, one)  # a required field added
     assert not ok("BACKWARD", one, req2)  # a required field removed
 
@@ -266,7 +268,7 @@ def test_protobuf_proto_text_is_compiled_by_protoc_with_its_references() -> None
     assert problems and "TYPE_STRING changed to TYPE_INT64" in problems[0]
     # the same schema as a base64 descriptor compares equal to its text form
     b64 = base64.b64encode(v1.data.SerializeToString()).decode()
-    assert ok("FULL", parse("PROTOBUF", b64, []), v1)
+    assert ok("FULL", parse("PROTOBUF", b64, deps), v1)
     with pytest.raises(RegistryError) as e:  # the reference is missing: protoc says so
         parse("PROTOBUF", v1_text, [])
     assert e.value.code == 42201 and "common.proto" in e.value.message
@@ -296,3 +298,29 @@ def test_avro_field_defaults_must_fit_their_type(ftype: Any, default: Any, valid
             parse("AVRO", text, [])
         # fastavro refuses some itself ("Default value <x> must match"), floe the rest
         assert e.value.code == 42201 and "default" in e.value.message.lower()
+
+
+def test_protobuf_base64_descriptors_must_build_with_their_imports() -> None:
+    fd = descriptor_pb2.FileDescriptorProto(name="e.proto", package="t", syntax="proto3")
+    m = fd.message_type.add(name="Event")
+    m.field.add(name="at", number=1, type=F.TYPE_MESSAGE, label=OPT,
+                type_name=".google.protobuf.Timestamp")
+    m.field.add(name="who", number=2, type=F.TYPE_MESSAGE, label=OPT, type_name=".t.User")
+    user = descriptor_pb2.FileDescriptorProto(name="u.proto", package="t", syntax="proto3")
+    user.message_type.add(name="User").field.add(name="id", number=1, type=F.TYPE_INT64,
+                                                 label=OPT)
+    fd.dependency.extend(["google/protobuf/timestamp.proto", "user.proto"])
+
+    def b64(f: descriptor_pb2.FileDescriptorProto) -> str:
+        return base64.b64encode(f.SerializeToString()).decode()
+
+    parse("PROTOBUF", b64(fd), [("user.proto", "PROTOBUF", b64(user))])
+    user_text = 'syntax = "proto3";\npackage t;\nmessage User { int64 id = 1; }\n'
+    parse("PROTOBUF", b64(fd), [("user.proto", "PROTOBUF", user_text)])
+    with pytest.raises(RegistryError) as e:  # the reference is missing
+        parse("PROTOBUF", b64(fd), [])
+    assert e.value.code == 42201 and "user.proto" in e.value.message
+    m.field.add(name="bad", number=3, type=F.TYPE_MESSAGE, label=OPT, type_name=".t.Nope")
+    with pytest.raises(RegistryError) as e:  # a type nobody defines
+        parse("PROTOBUF", b64(fd), [("user.proto", "PROTOBUF", b64(user))])
+    assert e.value.code == 42201
