@@ -2,7 +2,8 @@
 
 Accepted forms, as Confluent's registry accepts them:
 - a serialized `FileDescriptorProto`, base64-encoded (what Confluent's Python serializers
-  send), decoded by the `protobuf` library;
+  send), decoded by the `protobuf` library and built in a descriptor pool with its
+  references and the well-known types it imports (so every type it names exists);
 - `.proto` text (what the Java serializers send), compiled by protoc itself (grpcio-tools'
   `grpc_tools.protoc`) in a child process with a time limit, its imports being the schema's
   references (`.proto` text or base64 descriptors, by reference name) and protobuf's
@@ -44,6 +45,7 @@ from broker.schemaregistry.errors import RegistryError, invalid_schema
 PROTOC_TIMEOUT_S = 20.0
 PROTOC_AT_ONCE = threading.BoundedSemaphore(2)  # protoc child processes running at once
 MAIN_FILE = "floe_schema_main.proto"
+WELL_KNOWN = re.compile(r"google/protobuf/[a-z_]+(/[a-z_]+)?\.proto")  # shipped by protobuf
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,254}$")
 
 FDP = descriptor_pb2.FieldDescriptorProto
@@ -89,7 +91,7 @@ def _check_descriptor(fd: descriptor_pb2.FileDescriptorProto, deps: list[tuple[s
 
     def add(f: descriptor_pb2.FileDescriptorProto) -> None:
         for dep in f.dependency:
-            if dep not in added and dep.startswith("google/protobuf/"):
+            if dep not in added and WELL_KNOWN.fullmatch(dep):
                 module = "google.protobuf." + dep.removeprefix("google/protobuf/") \
                     .removesuffix(".proto").replace("/", ".") + "_pb2"
                 try:
