@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker.config import Settings, topic_config_value
+from broker.config import ConfigError, Settings, topic_config_value, validate_topic_configs
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
 
@@ -71,6 +71,47 @@ class Topic:
         if key not in values:
             values[key] = topic_config_value(self.configs, key, self.defaults)
         return values[key]
+
+
+class TopicTable:
+    """Topics by name and by id, and the lookups and checks every engine makes the same way
+    (engines keep their own partition state behind `Topic.streams`)."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, Topic] = {}
+        self.topics_by_id: dict[uuid.UUID, Topic] = {}
+
+    def topic(self, name: str) -> Topic:
+        t = self.topics.get(name)
+        if t is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        return t
+
+    def stream_id(self, topic: str, partition: int) -> int:
+        t = self.topic(topic)
+        if not 0 <= partition < len(t.streams):
+            raise KafkaError(
+                ErrorCode.unknown_topic_or_partition,
+                f"topic {topic!r} has no partition {partition}",
+            )
+        return t.streams[partition]
+
+    def check_new_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> dict[str, str]:
+        """The topic's valid configs, or the Kafka error CreateTopics answers."""
+        check_topic_name(name)
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        if partitions <= 0:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"number of partitions must be positive, got {partitions}",
+            )
+        try:
+            return validate_topic_configs(configs)
+        except ConfigError as e:
+            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,19 +18,18 @@ import itertools
 import uuid
 
 from broker.config import ConfigError, Settings, validate_topic_configs
-from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, check_topic_name
+from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, TopicTable
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
 from broker.protocol.records import CorruptBatchError, iter_headers
 
 
-class NullStorage:
+class NullStorage(TopicTable):
     """`broker.engine.StorageEngine` keeping offsets, not records."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.cluster_id = f"null-{uuid.uuid4().hex[:12]}"
-        self.topics: dict[str, Topic] = {}
-        self.topics_by_id: dict[uuid.UUID, Topic] = {}
         self.topic_defaults: dict[str, str] = {}
         self.group_offsets: GroupOffsetBackend = MemoryGroupOffsets()
         self._stream_ids = itertools.count()
@@ -48,37 +47,6 @@ class NullStorage:
         return []
 
     # -- topics ----------------------------------------------------------------------------
-    def topic(self, name: str) -> Topic:
-        t = self.topics.get(name)
-        if t is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
-        return t
-
-    def stream_id(self, topic: str, partition: int) -> int:
-        t = self.topic(topic)
-        if not 0 <= partition < len(t.streams):
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition,
-                f"topic {topic!r} has no partition {partition}",
-            )
-        return t.streams[partition]
-
-    def check_new_topic(
-        self, name: str, partitions: int, configs: dict[str, str | None]
-    ) -> dict[str, str]:
-        check_topic_name(name)
-        if name in self.topics:
-            raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
-        if partitions <= 0:
-            raise KafkaError(
-                ErrorCode.invalid_partitions,
-                f"number of partitions must be positive, got {partitions}",
-            )
-        try:
-            return validate_topic_configs(configs)
-        except ConfigError as e:
-            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
-
     def _add_partitions(self, t: Topic, count: int) -> None:
         for _ in range(count):
             sid = next(self._stream_ids)

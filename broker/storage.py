@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import Any
 
 from broker import recordpolicy
@@ -21,7 +20,7 @@ from broker.engine import (
     MaintenanceJob,
     StorageEngine,
     Topic,
-    check_topic_name,
+    TopicTable,
 )
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
@@ -48,15 +47,14 @@ from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 log = logging.getLogger(__name__)
 
 
-class Storage:
+class Storage(TopicTable):
     def __init__(self, objects: ObjectStore, meta: SqliteMetadataStore, wal: WalSettings) -> None:
+        super().__init__()
         self.objects = objects
         self.meta = meta
         self.log = LogStore(objects, meta, wal)
         # broker settings that are topic config defaults (config.topic_defaults); set by app
         self.topic_defaults: dict[str, str] = {}
-        self.topics: dict[str, Topic] = {}
-        self.topics_by_id: dict[uuid.UUID, Topic] = {}
         self.cluster_id = ""
         self.group_offsets: GroupOffsetBackend = meta
         self.producers = ProducerStates()
@@ -89,37 +87,6 @@ class Storage:
         return t
 
     # -- topics ----------------------------------------------------------------------------
-    def topic(self, name: str) -> Topic:
-        t = self.topics.get(name)
-        if t is None:
-            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
-        return t
-
-    def stream_id(self, topic: str, partition: int) -> int:
-        t = self.topic(topic)
-        if not 0 <= partition < len(t.streams):
-            raise KafkaError(
-                ErrorCode.unknown_topic_or_partition,
-                f"topic {topic!r} has no partition {partition}",
-            )
-        return t.streams[partition]
-
-    def check_new_topic(
-        self, name: str, partitions: int, configs: dict[str, str | None]
-    ) -> dict[str, str]:
-        check_topic_name(name)
-        if name in self.topics:
-            raise KafkaError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
-        if partitions <= 0:
-            raise KafkaError(
-                ErrorCode.invalid_partitions,
-                f"number of partitions must be positive, got {partitions}",
-            )
-        try:
-            return validate_topic_configs(configs)
-        except ConfigError as e:
-            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
-
     async def create_topic(
         self, name: str, partitions: int, configs: dict[str, str | None]
     ) -> Topic:

@@ -33,6 +33,20 @@ def settings(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Settings]:
     """Broker settings naming one engine; the metadata store is SQLite in tmp_path."""
+    yield engine_settings(request, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["file", "s3"])
+def durable_settings(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Settings]:
+    """The engines whose objects outlive the process (memory:// has nothing to restart)."""
+    yield engine_settings(request, tmp_path, monkeypatch)
+
+
+def engine_settings(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Settings:
     if request.param == "memory":
         url = "memory://"
     elif request.param == "file":
@@ -49,7 +63,7 @@ def settings(
         "object.store": url,
         "wal.flush.interval.ms": "1",
     }
-    yield load_settings(flags, None, environ={})
+    return load_settings(flags, None, environ={})
 
 
 async def open_engine(settings: Settings) -> StorageEngine:
@@ -64,10 +78,6 @@ async def engine(settings: Settings) -> AsyncIterator[StorageEngine]:
     e = await open_engine(settings)
     yield e
     await e.close()
-
-
-def persists(settings: Settings) -> bool:
-    return not settings.object_store_url.startswith("memory:")
 
 
 async def append(
@@ -230,9 +240,8 @@ async def test_retention_moves_the_log_start_of_delete_topics_only(engine: Stora
 
 
 # -- restart -------------------------------------------------------------------------------
-async def test_everything_acknowledged_survives_a_restart(settings: Settings) -> None:
-    if not persists(settings):
-        pytest.skip("memory:// objects do not outlive the engine")
+async def test_everything_acknowledged_survives_a_restart(durable_settings: Settings) -> None:
+    settings = durable_settings
     e = await open_engine(settings)
     try:
         await e.create_topic("r", 2, {"retention.ms": "86400000"})
