@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_compaction.policy import TableStats, Thresholds
+from tabletopic.contract import is_table_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SORT_PROPERTY = "floe.compaction.sort-columns"  # comma-separated sort columns, optional
-TOPIC_PROPERTY = "floe.topic"
-OFFSETS_PROPERTY = "floe.offsets"
 MIN_ORPHAN_AGE = dt.timedelta(days=1)  # Iceberg's procedure refuses anything shorter
 MAX_LISTED_ORPHANS = 50
 
@@ -249,11 +248,11 @@ def list_namespaces(spark: SparkSession, catalog: str = "floe") -> list[tuple[st
 def list_tables(
     spark: SparkSession,
     catalog: str = "floe",
-    with_property: str | None = TOPIC_PROPERTY,
+    table_topics_only: bool = True,
     namespaces: Sequence[Sequence[str]] | None = None,
 ) -> list[TableRef]:
-    """The catalog's tables (those that have the table property `with_property`, if given;
-    only in `namespaces`, if given)."""
+    """The catalog's tables (only table topics, tabletopic.contract, unless
+    `table_topics_only` is false; only in `namespaces`, if given)."""
     refs: list[TableRef] = []
     wanted = None if namespaces is None else {tuple(n) for n in namespaces}
     for ns in list_namespaces(spark, catalog):
@@ -264,9 +263,9 @@ def list_tables(
             if row["isTemporary"]:
                 continue
             ref = TableRef(ns, str(row["tableName"]), catalog)
-            if with_property is not None:
+            if table_topics_only:
                 try:
-                    if with_property not in table_properties(spark, ref):
+                    if not is_table_topic(table_properties(spark, ref)):
                         continue
                 except Exception as e:  # dropped meanwhile, unreadable metadata, ...
                     log.warning("table %s: cannot read its properties: %s", ref, error_text(e))

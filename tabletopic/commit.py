@@ -42,9 +42,7 @@ would drop our snapshot requirement. pyiceberg's own post-commit clean-up of old
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -66,8 +64,10 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
+from tabletopic.contract import OFFSETS, offsets_of, snapshot_summary
+from tabletopic.contract import encode_offsets as encode_offsets  # tests import it from here
+
 log = logging.getLogger(__name__)
-OFFSETS = "floe.offsets"
 MAIN = "main"
 
 
@@ -81,12 +81,7 @@ class UnexpectedUpdates(RuntimeError):
 
 
 def table_offsets(table: Table) -> dict[int, int]:
-    raw = table.properties.get(OFFSETS)
-    return {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
-
-
-def encode_offsets(offsets: dict[int, int]) -> str:
-    return json.dumps({str(k): v for k, v in sorted(offsets.items())})
+    return offsets_of(table.properties)
 
 
 @dataclass(frozen=True)
@@ -121,7 +116,7 @@ def prepare(
     offsets = {**current, **new}
     encoded = encode_offsets(offsets)
     meta = table.metadata
-    summary = {OFFSETS: encoded, "floe.topic": topic, "floe.commit-id": str(uuid.uuid4())}
+    summary = snapshot_summary(topic, encoded)
     tx = table.transaction()
     evolve = data is not None and not covers(table, data.schema)
     if data is not None:

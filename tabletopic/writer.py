@@ -29,8 +29,10 @@ from broker.engine import StorageEngine
 from broker.errors import KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
-from tabletopic.commit import OFFSETS, StaleOffsets, commit_offsets, table_offsets
+from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
+from tabletopic.contract import OFFSETS
+from tabletopic.contract import table_properties as floe_table_properties
 from tabletopic.convert import Converter, Invalid
 from tabletopic.dlq import DeadLetters
 from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
@@ -148,7 +150,7 @@ class TableWriter:
             return self.catalog.create_table_if_not_exists(
                 cfg.identifier,
                 schema=schema,
-                properties={"floe.topic": self.topic, "format-version": "2"},
+                properties={**floe_table_properties(self.topic), "format-version": "2"},
             )
 
     async def _clean_orphans(self) -> None:

@@ -21,7 +21,8 @@ import pytest
 
 from spark_compaction import cli, jobs
 from spark_compaction.policy import Thresholds
-from tabletopic.writer import OFFSETS, table_offsets
+from tabletopic.commit import table_offsets
+from tabletopic.contract import OFFSETS
 from tests.spark.conftest import SparkEnv
 from tests.spark.tables import (
     broker_commit,
