@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         "--bootstrap", help="HOST:PORT of a broker (default FLOE_BOOTSTRAP or 127.0.0.1:9092)"
     )
     g.add_argument("--json", action="store_true", help="machine-readable output")
-    from spark_compaction.cli import add_parsers as add_spark_parsers
+    from spark_compaction.arguments import add_parsers as add_spark_parsers
 
     add_spark_parsers(sub)
     return p

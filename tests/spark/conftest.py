@@ -56,7 +56,8 @@ def spark_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEnv]:
         import pyspark  # noqa: F401
         from pyiceberg.catalog.sql import SqlCatalog
 
-        from spark_compaction.session import SparkSetupError, session
+        from spark_compaction.jars import SparkSetupError
+        from spark_compaction.session import session
     except ImportError as e:
         _unavailable(str(e))
     data_dir = tmp_path_factory.mktemp("floe-spark")

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from spark_compaction import catalog, jars
 from spark_compaction import session as sess
-from spark_compaction.cli import add_parsers, duration, jsonable, render_table, size
+from spark_compaction.arguments import add_parsers, duration, size
 from spark_compaction.jobs import TableRef, split_identifier, sql_string, timestamp_literal
+from spark_compaction.output import jsonable, render_table
 
 
 def test_sqlite_catalog_is_the_broker_catalog_through_jdbc(tmp_path: Path) -> None:
-    props = sess.catalog_properties(f"sqlite:///{tmp_path}/catalog.db", "file:///w")
+    props = catalog.catalog_properties(f"sqlite:///{tmp_path}/catalog.db", "file:///w")
     assert props["catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
     assert props["uri"] == f"jdbc:sqlite:{tmp_path}/catalog.db"
     assert props["jdbc.schema-version"] == "V1"
@@ -29,35 +31,35 @@ def test_sqlite_catalog_is_the_broker_catalog_through_jdbc(tmp_path: Path) -> No
 def test_relative_sqlite_path_is_made_absolute(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
-    props = sess.catalog_properties("sqlite:///data/catalog.db", "file:///w")
+    props = catalog.catalog_properties("sqlite:///data/catalog.db", "file:///w")
     assert props["uri"] == f"jdbc:sqlite:{tmp_path / 'data' / 'catalog.db'}"
 
 
 def test_postgresql_catalog_url_becomes_jdbc_with_credentials() -> None:
-    props = sess.catalog_properties(
+    props = catalog.catalog_properties(
         "postgresql://floe:p%40ss@db.example:5433/lake?sslmode=require", "s3://b/w")
     assert props["uri"] == "jdbc:postgresql://db.example:5433/lake?sslmode=require"
     assert props["jdbc.user"] == "floe" and props["jdbc.password"] == "p@ss"
     assert "jdbc.init-catalog-tables" not in props
-    assert sess.catalog_kind("postgres://u@h/db") == "postgresql"
+    assert catalog.catalog_kind("postgres://u@h/db") == "postgresql"
 
 
 def test_rest_catalog_url() -> None:
-    props = sess.catalog_properties("rest+https://cat.example/api", "s3://b/w")
+    props = catalog.catalog_properties("rest+https://cat.example/api", "s3://b/w")
     assert props["type"] == "rest" and props["uri"] == "https://cat.example/api"
-    assert sess.catalog_kind("rest+http://h:8181") == "rest"
+    assert catalog.catalog_kind("rest+http://h:8181") == "rest"
 
 
 def test_unknown_catalog_url_is_refused() -> None:
     with pytest.raises(ValueError, match="unsupported catalog URL"):
-        sess.catalog_properties("mysql://h/db", "file:///w")
+        catalog.catalog_properties("mysql://h/db", "file:///w")
 
 
 def test_defaults_follow_the_broker_settings(tmp_path: Path) -> None:
-    cat, wh = sess.resolve_catalog(None, None, tmp_path / "d")
+    cat, wh = catalog.resolve_catalog(None, None, tmp_path / "d")
     assert cat == f"sqlite:///{(tmp_path / 'd').resolve()}/catalog.db"
     assert wh == (tmp_path / "d" / "warehouse").resolve().as_uri()
-    assert sess.resolve_catalog("sqlite:////x.db", "file:///y", tmp_path) == (
+    assert catalog.resolve_catalog("sqlite:////x.db", "file:///y", tmp_path) == (
         "sqlite:////x.db", "file:///y")
 
 
@@ -77,8 +79,8 @@ def test_prepare_sqlite_catalog_creates_pyiceberg_compatible_tables(tmp_path: Pa
     import sqlite3
 
     path = tmp_path / "sub" / "catalog.db"
-    sess.prepare_sqlite_catalog(path)
-    sess.prepare_sqlite_catalog(path)  # idempotent
+    catalog.prepare_sqlite_catalog(path)
+    catalog.prepare_sqlite_catalog(path)  # idempotent
     con = sqlite3.connect(path)
     cols = [r[1] for r in con.execute("PRAGMA table_info(iceberg_tables)")]
     assert cols == ["catalog_name", "table_namespace", "table_name", "metadata_location",
@@ -91,14 +93,14 @@ def test_prepare_sqlite_catalog_creates_pyiceberg_compatible_tables(tmp_path: Pa
 
 def test_missing_debian_jar_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLOE_SQLITE_JDBC_JAR", raising=False)
-    monkeypatch.setitem(sess.DEBIAN_JARS, "sqlite", ("libxerial-sqlite-jdbc-java",
+    monkeypatch.setitem(jars.DEBIAN_JARS, "sqlite", ("libxerial-sqlite-jdbc-java",
                                                      ["/nonexistent/sqlite-jdbc.jar"],
                                                      "FLOE_SQLITE_JDBC_JAR"))
-    with pytest.raises(sess.SparkSetupError, match="apt-get install libxerial-sqlite-jdbc-java"):
-        sess.debian_jar("sqlite")
+    with pytest.raises(jars.SparkSetupError, match="apt-get install libxerial-sqlite-jdbc-java"):
+        jars.debian_jar("sqlite")
     monkeypatch.setenv("FLOE_SQLITE_JDBC_JAR", "/nonexistent/other.jar")
-    with pytest.raises(sess.SparkSetupError, match="FLOE_SQLITE_JDBC_JAR"):
-        sess.debian_jar("sqlite")
+    with pytest.raises(jars.SparkSetupError, match="FLOE_SQLITE_JDBC_JAR"):
+        jars.debian_jar("sqlite")
 
 
 def test_rest_needs_a_recent_httpclient(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -106,24 +108,24 @@ def test_rest_needs_a_recent_httpclient(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with zipfile.ZipFile(old, "w") as z:
         z.writestr("org/apache/hc/client5/http/impl/classic/HttpClients.class", b"")
     monkeypatch.setenv("FLOE_HTTPCLIENT5_JARS", str(old))
-    with pytest.raises(sess.SparkSetupError, match=r"HttpClient 5\.4"):
-        sess.httpclient_jar()
+    with pytest.raises(jars.SparkSetupError, match=r"HttpClient 5\.4"):
+        jars.httpclient_jar()
 
 
 def test_relocated_jar_is_built_once_and_relocates(monkeypatch: pytest.MonkeyPatch,
                                                    tmp_path: Path) -> None:
     try:
-        sess.debian_jar("jarjar")
-        sess.java_binary()
-    except sess.SparkSetupError as e:
+        jars.debian_jar("jarjar")
+        jars.java_binary()
+    except jars.SparkSetupError as e:
         pytest.skip(str(e))
     monkeypatch.setenv("FLOE_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "in.jar"
     with zipfile.ZipFile(src, "w") as z:
         z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
         z.writestr("META-INF/versions/9/module-info.class", b"")
-    jar = sess.jackson_jar()
-    assert jar == sess.jackson_jar()  # cached
+    jar = jars.jackson_jar()
+    assert jar == jars.jackson_jar()  # cached
     with zipfile.ZipFile(jar) as z:
         names = z.namelist()
     assert "org/apache/iceberg/shaded/com/fasterxml/jackson/core/JsonFactoryBuilder.class" in names
@@ -203,17 +205,17 @@ def test_json_values() -> None:
 
 
 def test_s3_warehouse_uses_s3fileio_and_needs_its_jar(tmp_path: Path) -> None:
-    assert sess.s3_properties("file:///w", {"AWS_ENDPOINT_URL": "http://x"}) == {}
+    assert catalog.s3_properties("file:///w", {"AWS_ENDPOINT_URL": "http://x"}) == {}
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_DEFAULT_REGION": "eu-west-1"}
-    assert sess.s3_properties("s3://bucket/w", env) == {
+    assert catalog.s3_properties("s3://bucket/w", env) == {
         "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
         "s3.endpoint": "http://127.0.0.1:9000",
         "s3.path-style-access": "true",
         "client.region": "eu-west-1",
     }
     try:
-        sess.required_jars(f"sqlite:///{tmp_path}/catalog.db")
-    except sess.SparkSetupError as e:
+        jars.required_jars(f"sqlite:///{tmp_path}/catalog.db")
+    except jars.SparkSetupError as e:
         pytest.skip(str(e))
-    with pytest.raises(sess.SparkSetupError, match="iceberg-aws-bundle"):
+    with pytest.raises(jars.SparkSetupError, match="iceberg-aws-bundle"):
         sess.session(data_dir=tmp_path, warehouse_url="s3://bucket/warehouse")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from spark_compaction import cli, jobs
+from spark_compaction import compact, jobs, sql
 from spark_compaction.policy import Thresholds
 from tabletopic.commit import table_offsets
 from tabletopic.contract import OFFSETS
@@ -265,7 +265,7 @@ def test_watch_compacts_only_table_topics_past_thresholds(spark_env: SparkEnv) -
     create_topic_table(env.catalog, "watched", "not_a_topic", topic=None)
     fill(env.catalog, ("watched", "not_a_topic"), commits=12)
 
-    results = cli.watch(
+    results = compact.watch(
         env.spark,
         jobs.JobOptions(),
         Thresholds(min_small_files=10, orphan_interval_s=1e9),
@@ -289,13 +289,13 @@ def test_sql_json_output(spark_env: SparkEnv, capsys: pytest.CaptureFixture[str]
     args = Namespace(query="SELECT _kafka.partition AS p, _kafka.offset AS o, _kafka.key AS k, "
                            "text FROM default.sql_json ORDER BY p, o",
                      json=True, jsonl=False, max_rows=10)
-    assert cli._sql(env.spark, args) == 0
+    assert sql.run_sql(env.spark, args) == 0
     got: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
     assert got[0] == {"p": 0, "o": 0, "k": "azA=", "text": "r0-0"}  # key b"k0", base64
     assert len(got) == 4
     args = Namespace(query="SELECT text, n FROM default.sql_json ORDER BY n, text",
                      json=False, jsonl=False, max_rows=3)
-    assert cli._sql(env.spark, args) == 0
+    assert sql.run_sql(env.spark, args) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[:3] == ["text | n", "-----+--", "r0-0 | 0"]
     assert "more not shown" in err
