@@ -21,6 +21,7 @@ from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.nullstorage import NullStorage
 from broker.schemaregistry.service import start_schema_registry
+from broker.schemavalidation import SchemaValidator
 from broker.storage import Storage
 from s3stream.compaction import CompactionStats
 from s3stream.log import WalSettings
@@ -194,6 +195,9 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     await offsets.load()
     groups.start()
     ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
+    # produce awaits it before appending to a topic with schema validation on; it holds the
+    # produce until the registry below is attached (None when off: such produces then fail)
+    ctx.schemas = SchemaValidator()
     metrics = BrokerMetrics(Sources(storage=storage, groups=groups, offsets=offsets))
     health = _health(settings, storage, catalog)
     metrics.sources.health = health
@@ -222,7 +226,8 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     )
     metrics.sources.tables = tables.status
     status_server = await _admin(settings, metrics, health, tables.status)
-    _registry, registry_server = await start_schema_registry(settings, storage.meta)
+    registry, registry_server = await start_schema_registry(settings, storage.meta)
+    ctx.schemas.attach(registry)
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
         asyncio.create_task(health.run(), name="health"),

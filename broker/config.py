@@ -218,6 +218,32 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
             choices=("none", "invalid_data", "all"),
         ),
         ConfigDef("table.topic.dlq.topic", "string", "", "dead-letter topic (default <topic>.dlq)"),
+        # schema validation at produce (broker/schemavalidation.py), Confluent's keys
+        ConfigDef(
+            "confluent.value.schema.validation",
+            "boolean",
+            "false",
+            "values must carry a schema id of subject <topic>-value: INVALID_RECORD otherwise",
+        ),
+        ConfigDef(
+            "confluent.key.schema.validation",
+            "boolean",
+            "false",
+            "keys must carry a schema id of subject <topic>-key: INVALID_RECORD otherwise",
+        ),
+        *(
+            ConfigDef(
+                f"confluent.{part}.subject.name.strategy",
+                "string",
+                "io.confluent.kafka.serializers.subject.TopicNameStrategy",
+                "only TopicNameStrategy (<topic>-key, <topic>-value)",
+                choices=(
+                    "io.confluent.kafka.serializers.subject.topicnamestrategy",
+                    "topicnamestrategy",
+                ),
+            )
+            for part in ("key", "value")
+        ),
     ]
 }
 # Accepted and validated, but with nothing to act on in floe, on purpose; each reason makes floe

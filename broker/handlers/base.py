@@ -21,6 +21,7 @@ from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.protocol.codec import RequestHead, response_type
+from broker.schemavalidation import SchemaValidator
 
 ZERO_MS = datetime.timedelta(0)
 
@@ -43,6 +44,7 @@ class BrokerContext:
     port: int
     groups: GroupCoordinator
     offsets: OffsetStore
+    schemas: SchemaValidator | None = None  # produce's schema validation (None: never checks)
 
     @property
     def max_wait_cap_s(self) -> float:

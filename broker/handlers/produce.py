@@ -10,6 +10,7 @@ from broker.engine import AppendResult
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import ZERO_MS, BrokerContext, Later, api, build, nested, resp
 from broker.protocol.codec import RequestHead
+from broker.schemavalidation import InvalidRecords
 
 NO_RESPONSE = object()  # acks=0: Kafka sends nothing back
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -29,6 +30,9 @@ async def produce(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                         ErrorCode.transactional_id_authorization_failed,
                         "transactions are not supported yet",
                     )
+                if ctx.schemas is not None and pd.records:
+                    # awaited before this partition's append: see broker/schemavalidation.py
+                    await ctx.schemas.check(td.name, pd.records, storage.topic(td.name).config)
                 entry: asyncio.Future[AppendResult] | KafkaError = storage.append(
                     td.name, pd.index, pd.records
                 )
@@ -55,6 +59,7 @@ async def _respond(
         await asyncio.wait(futures, timeout=timeout)
     part_cls = nested(head, "PartitionProduceResponse")
     topic_cls = nested(head, "TopicProduceResponse")
+    err_cls = nested(head, "BatchIndexAndErrorMessage") if head.api_version >= 8 else None
     by_topic: dict[str, list[Any]] = {}
     for topic, partition, e in entries:
         base, append_time, code, message = -1, -1, ErrorCode.none, None
@@ -85,7 +90,12 @@ async def _respond(
                 if append_time < 0
                 else EPOCH + datetime.timedelta(milliseconds=append_time),
                 log_start_offset=start,
-                record_errors=(),
+                record_errors=tuple(
+                    build(err_cls, batch_index=i, batch_index_error_message=m)
+                    for i, m in (e.record_errors if isinstance(e, InvalidRecords) else ())
+                )
+                if err_cls is not None
+                else (),
                 error_message=message,
             )
         )
