@@ -33,7 +33,6 @@ def csv(values: Sequence[str] | None) -> list[str]:
     return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
 
 
-
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("catalog (resolved like the broker's settings)")
     g.add_argument("--data-dir", help="the broker's data directory (default ./floe-data)")
@@ -183,4 +182,3 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         help="table output: show at most this many rows (0: all; JSON output: no limit)",
     )
     _common(q)
-

@@ -159,4 +159,3 @@ def catalog_kind(catalog_url: str) -> str:
     if props.get("type") == "rest":
         return "rest"
     return "sqlite" if props["uri"].startswith("jdbc:sqlite:") else "postgresql"
-

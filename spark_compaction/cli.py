@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from spark_compaction.arguments import add_parsers
-from spark_compaction.jobs import error_text
+from spark_compaction.errors import error_text
 
 COMMANDS = ("compact", "sql")
 

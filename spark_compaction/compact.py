@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_compaction.arguments import csv
-from spark_compaction.jobs import error_text
+from spark_compaction.errors import error_text
 from spark_compaction.output import describe, emit
 from spark_compaction.policy import Thresholds
 from spark_compaction.settings import job_options_from_args, thresholds_from_args
@@ -21,13 +21,16 @@ from spark_compaction.settings import job_options_from_args, thresholds_from_arg
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_compaction.jobs import JobOptions, TableRef
+    from spark_compaction.jobs import JobOptions
+    from spark_compaction.names import TableRef
 
 log = logging.getLogger("floe.compact")
 
 
 def run_compact(spark: SparkSession, args: argparse.Namespace) -> int:
-    from spark_compaction.jobs import ALL_JOBS, TableRef, split_identifier, table_properties
+    from spark_compaction.jobs import ALL_JOBS
+    from spark_compaction.names import TableRef, split_identifier
+    from spark_compaction.tables import table_properties
 
     jobs = csv(args.jobs) or list(ALL_JOBS)
     unknown = sorted(set(jobs) - set(ALL_JOBS))
@@ -98,8 +101,9 @@ def _dry_run(
     options: JobOptions,
     jobs: Sequence[str],
 ) -> bool:
-    from spark_compaction.jobs import remove_orphan_files, table_stats
+    from spark_compaction.jobs import remove_orphan_files
     from spark_compaction.policy import decide
+    from spark_compaction.tables import table_stats
 
     try:
         stats = table_stats(spark, ref, small_file_bytes=thresholds.small_file_bytes)
@@ -134,8 +138,9 @@ def watch(
     """Every `interval_s`: for each table with the property floe.topic (in `namespaces`, if
     given), gather its stats, and run the jobs the thresholds call for (only those in `jobs`).
     Returns the last round's results."""
-    from spark_compaction.jobs import ALL_JOBS, list_tables, run_jobs, table_stats
+    from spark_compaction.jobs import ALL_JOBS, run_jobs
     from spark_compaction.policy import decide
+    from spark_compaction.tables import list_tables, table_stats
 
     allowed = set(jobs or ALL_JOBS)
     last_orphan_run: dict[str, int] = {}
@@ -181,4 +186,3 @@ def watch(
             break
         time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
     return results
-

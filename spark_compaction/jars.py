@@ -61,7 +61,6 @@ class SparkSetupError(RuntimeError):
     """Something Spark needs is missing; the message says what to install."""
 
 
-
 def cache_dir() -> Path:
     if os.environ.get("FLOE_CACHE_DIR"):
         return Path(os.environ["FLOE_CACHE_DIR"])
@@ -241,4 +240,3 @@ def required_jars(catalog_url: str) -> list[Path]:
     elif not jar_has(runtime, HTTPCLIENT_PROBE):
         jars.append(httpclient_jar())
     return jars
-

@@ -11,7 +11,8 @@ Every job is safe while the broker keeps committing to the table:
   - remove_orphan_files only deletes files older than a safety age (at least a day: Iceberg's
     procedure refuses less), so a data file the broker wrote but has not committed yet is never
     taken for an orphan.
-Each job returns a small dict of what it did.
+Each job returns a small dict of what it did. Table names: spark_compaction.names; reading
+tables and their stats: spark_compaction.tables.
 """
 
 from __future__ import annotations
@@ -24,8 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_compaction.policy import TableStats, Thresholds
-from tabletopic.contract import is_table_topic
+from spark_compaction.errors import error_text
+from spark_compaction.names import TableRef, sql_string, table_ref, timestamp_literal
+from spark_compaction.tables import (
+    data_file_stats,
+    manifest_count,
+    snapshot_stats,
+    table_properties,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,100 +47,6 @@ MAX_LISTED_ORPHANS = 50
 # --------------------------------------------------------------------------------------------
 # Names
 # --------------------------------------------------------------------------------------------
-def split_identifier(text: str) -> list[str]:
-    """`a.b.c`, `` `a.b`.c `` -> parts (backticks quote, doubled backticks escape one)."""
-    parts: list[str] = []
-    cur: list[str] = []
-    i, quoted, was_quoted = 0, False, False
-    while i < len(text):
-        c = text[i]
-        if quoted:
-            if c == "`":
-                if text[i + 1 : i + 2] == "`":
-                    cur.append("`")
-                    i += 1
-                else:
-                    quoted = False
-            else:
-                cur.append(c)
-        elif c == "`":
-            quoted = was_quoted = True
-        elif c == ".":
-            if not cur and not was_quoted:
-                raise ValueError(f"empty name part in {text!r}")
-            parts.append("".join(cur))
-            cur, was_quoted = [], False
-        else:
-            cur.append(c)
-        i += 1
-    if quoted:
-        raise ValueError(f"unclosed backtick in {text!r}")
-    if not cur and not was_quoted:
-        raise ValueError(f"empty name part in {text!r}")
-    parts.append("".join(cur))
-    return parts
-
-
-def quote(part: str) -> str:
-    return "`" + part.replace("`", "``") + "`"
-
-
-def sql_string(value: str) -> str:
-    """A Spark SQL string literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def timestamp_literal(epoch_s: float) -> str:
-    when = dt.datetime.fromtimestamp(epoch_s, dt.UTC)
-    return f"TIMESTAMP '{when.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z'"
-
-
-@dataclass(frozen=True)
-class TableRef:
-    namespace: tuple[str, ...]
-    name: str
-    catalog: str = "floe"
-
-    @classmethod
-    def parse(cls, text: str, catalog: str = "floe") -> TableRef:
-        """`NS.T` (or `NS1.NS2.T`, or `CATALOG.NS.T` with the catalog's own name)."""
-        parts = split_identifier(text.strip())
-        if len(parts) >= 3 and parts[0] == catalog:
-            parts = parts[1:]
-        if len(parts) < 2:
-            raise ValueError(f"table {text!r}: expected NAMESPACE.TABLE")
-        return cls(tuple(parts[:-1]), parts[-1], catalog)
-
-    def __str__(self) -> str:
-        """NS.T, backtick-quoted only where needed."""
-        return ".".join(p if p.isidentifier() else quote(p) for p in (*self.namespace, self.name))
-
-    @property
-    def sql(self) -> str:
-        """The fully qualified, quoted name for SQL: `floe`.`ns`.`t`."""
-        return ".".join(quote(p) for p in (self.catalog, *self.namespace, self.name))
-
-    def metadata(self, which: str) -> str:
-        """A metadata table: files, snapshots, manifests, ..."""
-        return f"{self.sql}.{quote(which)}"
-
-    @property
-    def arg(self) -> str:
-        """The table argument of a `CALL floe.system.*` procedure (a string literal)."""
-        return sql_string(".".join(quote(p) for p in (*self.namespace, self.name)))
-
-    @property
-    def procedures(self) -> str:
-        return f"{quote(self.catalog)}.system"
-
-
-def _ref(table: str | TableRef, catalog: str) -> TableRef:
-    return table if isinstance(table, TableRef) else TableRef.parse(table, catalog)
-
-
-def _one(spark: SparkSession, query: str) -> dict[str, Any]:
-    rows = spark.sql(query).collect()
-    return rows[0].asDict() if rows else {}
 
 
 COMMIT_ATTEMPTS = 5  # procedure calls lost to the broker's commits, beyond Iceberg's own retries
@@ -168,113 +81,6 @@ def _options(options: Mapping[str, str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Looking at tables
-# --------------------------------------------------------------------------------------------
-def table_properties(
-    spark: SparkSession, table: str | TableRef, catalog: str = "floe"
-) -> dict[str, str]:
-    ref = _ref(table, catalog)
-    rows = spark.sql(f"SHOW TBLPROPERTIES {ref.sql}").collect()
-    return {str(r["key"]): str(r["value"]) for r in rows}
-
-
-def data_file_stats(
-    spark: SparkSession, ref: TableRef, small_file_bytes: int = 0
-) -> dict[str, int]:
-    row = _one(
-        spark,
-        f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS bytes, "
-        f"count_if(file_size_in_bytes < {int(small_file_bytes)}) AS small "
-        f"FROM {ref.metadata('files')} WHERE content = 0",
-    )
-    deletes = _one(spark, f"SELECT count(*) AS n FROM {ref.metadata('files')} WHERE content > 0")
-    return {
-        "files": int(row["n"]),
-        "bytes": int(row["bytes"]),
-        "small": int(row["small"]),
-        "delete_files": int(deletes["n"]),
-    }
-
-
-def snapshot_stats(spark: SparkSession, ref: TableRef) -> dict[str, Any]:
-    row = _one(
-        spark,
-        "SELECT count(*) AS n, CAST(unix_millis(min(committed_at)) AS BIGINT) AS oldest "
-        f"FROM {ref.metadata('snapshots')}",
-    )
-    return {"snapshots": int(row["n"]), "oldest_ms": row["oldest"]}
-
-
-def manifest_count(spark: SparkSession, ref: TableRef) -> int:
-    return int(_one(spark, f"SELECT count(*) AS n FROM {ref.metadata('manifests')}")["n"])
-
-
-def table_stats(
-    spark: SparkSession,
-    table: str | TableRef,
-    catalog: str = "floe",
-    small_file_bytes: int = Thresholds.small_file_bytes,
-) -> TableStats:
-    ref = _ref(table, catalog)
-    files = data_file_stats(spark, ref, small_file_bytes)
-    snaps = snapshot_stats(spark, ref)
-    return TableStats(
-        table=str(ref),
-        data_files=files["files"],
-        data_bytes=files["bytes"],
-        small_data_files=files["small"],
-        delete_files=files["delete_files"],
-        manifests=manifest_count(spark, ref),
-        snapshots=snaps["snapshots"],
-        oldest_snapshot_ms=None if snaps["oldest_ms"] is None else int(snaps["oldest_ms"]),
-    )
-
-
-def list_namespaces(spark: SparkSession, catalog: str = "floe") -> list[tuple[str, ...]]:
-    """Every namespace of the catalog, nested ones included."""
-    out: list[tuple[str, ...]] = []
-    todo: list[tuple[str, ...]] = [()]
-    while todo:
-        parent = todo.pop()
-        where = ".".join(quote(p) for p in (catalog, *parent))
-        for row in spark.sql(f"SHOW NAMESPACES IN {where}").collect():
-            ns = tuple(split_identifier(str(row[0])))
-            if ns and ns not in out:
-                out.append(ns)
-                todo.append(ns)
-    return sorted(out)
-
-
-def list_tables(
-    spark: SparkSession,
-    catalog: str = "floe",
-    table_topics_only: bool = True,
-    namespaces: Sequence[Sequence[str]] | None = None,
-) -> list[TableRef]:
-    """The catalog's tables (only table topics, tabletopic.contract, unless
-    `table_topics_only` is false; only in `namespaces`, if given)."""
-    refs: list[TableRef] = []
-    wanted = None if namespaces is None else {tuple(n) for n in namespaces}
-    for ns in list_namespaces(spark, catalog):
-        if wanted is not None and ns not in wanted:
-            continue
-        where = ".".join(quote(p) for p in (catalog, *ns))
-        for row in spark.sql(f"SHOW TABLES IN {where}").collect():
-            if row["isTemporary"]:
-                continue
-            ref = TableRef(ns, str(row["tableName"]), catalog)
-            if table_topics_only:
-                try:
-                    if not is_table_topic(table_properties(spark, ref)):
-                        continue
-                except Exception as e:  # dropped meanwhile, unreadable metadata, ...
-                    log.warning("table %s: cannot read its properties: %s", ref, error_text(e))
-                    continue
-            refs.append(ref)
-    return refs
-
-
-# --------------------------------------------------------------------------------------------
 # Jobs
 # --------------------------------------------------------------------------------------------
 def rewrite_data_files(
@@ -291,7 +97,7 @@ def rewrite_data_files(
     """Merge small data files (bin-pack), or rewrite them sorted by `sort_columns`
     (default: the table property floe.compaction.sort-columns, comma-separated, if set).
     Sort columns are Spark sort expressions: `_kafka.partition`, `ts DESC NULLS LAST`..."""
-    ref = _ref(table, catalog)
+    ref = table_ref(table, catalog)
     started = time.monotonic()
     if sort_columns is None:
         configured = table_properties(spark, ref).get(SORT_PROPERTY, "")
@@ -332,7 +138,7 @@ def rewrite_manifests(
     spark: SparkSession, table: str | TableRef, *, catalog: str = "floe"
 ) -> dict[str, Any]:
     """Regroup the manifests (one per broker commit) into a few large ones."""
-    ref = _ref(table, catalog)
+    ref = table_ref(table, catalog)
     started = time.monotonic()
     before = manifest_count(spark, ref)
     rows, attempts = _call(spark, f"CALL {ref.procedures}.rewrite_manifests(table => {ref.arg})")
@@ -364,7 +170,7 @@ def expire_snapshots(
         raise ValueError("retain_last must be at least 1")
     if max_age < dt.timedelta(0):
         raise ValueError("max_age must not be negative")
-    ref = _ref(table, catalog)
+    ref = table_ref(table, catalog)
     started = time.monotonic()
     cutoff = (time.time() if now is None else now) - max_age.total_seconds()
     before = snapshot_stats(spark, ref)["snapshots"]
@@ -408,7 +214,7 @@ def remove_orphan_files(
             f"min_age {min_age} is below {MIN_ORPHAN_AGE}: a younger file may belong to a "
             "commit in progress (Iceberg's procedure refuses it too)"
         )
-    ref = _ref(table, catalog)
+    ref = table_ref(table, catalog)
     started = time.monotonic()
     cutoff = (time.time() if now is None else now) - min_age.total_seconds()
     rows = spark.sql(
@@ -458,7 +264,7 @@ def run_jobs(
     if unknown:
         raise ValueError(f"unknown job(s) {sorted(unknown)}; known: {', '.join(ALL_JOBS)}")
     o = options or JobOptions()
-    ref = _ref(table, catalog)
+    ref = table_ref(table, catalog)
     results: list[dict[str, Any]] = []
     for job in ALL_JOBS:
         if job not in jobs:
@@ -487,27 +293,3 @@ def run_jobs(
             r = {"job": job, "table": str(ref), "error": error_text(e)}
         results.append(r)
     return results
-
-
-def error_text(e: BaseException) -> str:
-    """An error in one line: for a JVM error its class and message, and its root cause."""
-    java = getattr(e, "java_exception", None)
-    if java is not None:
-        try:
-            top = str(java.toString())
-            cur, root = java, java
-            for _ in range(20):
-                nxt = cur.getCause()
-                if nxt is None:
-                    break
-                root = cur = nxt
-            line = top.splitlines()[0].strip()
-            if root is not java:
-                line += f" (caused by {str(root.toString()).splitlines()[0].strip()})"
-            return line[:1000]
-        except Exception:
-            pass
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    text = lines[0] if lines else ""
-    name = type(e).__name__
-    return (f"{name}: {text}" if text and not text.startswith("[") else text or name)[:1000]

@@ -112,4 +112,3 @@ def render_table(columns: Sequence[str], rows: Sequence[Sequence[tuple[str, bool
     out = [line(list(columns)), "-+-".join("-" * w for w in widths)]
     out += [line([t for t, _r in row]) for row in clean]
     return "\n".join(out)
-

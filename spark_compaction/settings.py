@@ -76,4 +76,3 @@ def thresholds_from_args(args: argparse.Namespace) -> Thresholds:
         retain_last=args.retain_last,
         orphan_interval_s=args.orphan_interval.total_seconds(),
     )
-

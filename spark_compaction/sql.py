@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from spark_compaction.jobs import error_text
+from spark_compaction.errors import error_text
 from spark_compaction.output import cell, jsonable, render_table, row_dict
 
 if TYPE_CHECKING:
@@ -54,4 +54,3 @@ def run_sql(spark: SparkSession, args: argparse.Namespace) -> int:
             print(f"floe sql: {error_text(e)}", file=sys.stderr)
             return 1
         raise
-

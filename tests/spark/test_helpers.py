@@ -14,7 +14,7 @@ import pytest
 from spark_compaction import catalog, jars
 from spark_compaction import session as sess
 from spark_compaction.arguments import add_parsers, duration, size
-from spark_compaction.jobs import TableRef, split_identifier, sql_string, timestamp_literal
+from spark_compaction.names import TableRef, split_identifier, sql_string, timestamp_literal
 from spark_compaction.output import jsonable, render_table
 
 

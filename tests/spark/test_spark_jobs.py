@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from spark_compaction import compact, jobs, sql
+from spark_compaction.names import TableRef
 from spark_compaction.policy import Thresholds
+from spark_compaction.tables import list_tables
 from tabletopic.commit import table_offsets
 from tabletopic.contract import OFFSETS
 from tests.spark.conftest import SparkEnv
@@ -48,7 +50,7 @@ def offsets_of(env: SparkEnv, ident: tuple[str, str]) -> dict[int, int]:
 
 
 def spark_count(env: SparkEnv, ident: tuple[str, str]) -> int:
-    ref = jobs.TableRef((ident[0],), ident[1])
+    ref = TableRef((ident[0],), ident[1])
     return int(env.spark.sql(f"SELECT count(*) AS n FROM {ref.sql}").collect()[0]["n"])
 
 
@@ -84,13 +86,13 @@ def test_one_catalog_for_pyiceberg_and_spark(spark_env: SparkEnv) -> None:
                         "WHERE table_name = 'shared'").fetchall()
     con.close()
     assert names == [("floe", "default")]
-    listed = {str(r) for r in jobs.list_tables(env.spark)}
+    listed = {str(r) for r in list_tables(env.spark)}
     assert "default.shared" in listed  # it has floe.topic
     # a table Spark creates is a table for pyiceberg too
     env.spark.sql("CREATE TABLE floe.default.from_spark (id BIGINT) USING iceberg")
     env.spark.sql("INSERT INTO floe.default.from_spark VALUES (1), (2)")
     assert env.catalog.load_table(("default", "from_spark")).scan().to_arrow().num_rows == 2
-    assert "default.from_spark" not in {str(r) for r in jobs.list_tables(env.spark)}
+    assert "default.from_spark" not in {str(r) for r in list_tables(env.spark)}
     assert_catalog_writable(env)
 
 
