@@ -1,7 +1,9 @@
 """Durable registry state in the broker's metadata store (SQLite or PostgreSQL).
 
-Tables (created by numbered migrations, recorded in the store's `meta` table under
-`schema_registry.migration`; the store's own tables are not touched):
+Tables (created by the numbered migrations in `MIGRATIONS`, run by the store's shared runner,
+s3stream.metadata.migrations, as component "schema_registry" in `schema_version`; a database
+from before that runner has its version in `meta['schema_registry.migration']`, which is
+recorded as found; the store's own tables are not touched):
 - `sr_schemas(id, schema_type, schema, refs, fingerprint)`: every distinct schema once, with
   its global id; `fingerprint` (type, canonical text and references) is unique, so the same
   schema registered under two subjects gets one id.
@@ -23,11 +25,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from s3stream.metadata import MetadataStore
-from s3stream.metadata.backend import Connection
+from s3stream.metadata.backend import Connection, Dialect
+from s3stream.metadata.migrations import Component, Migration, sql_migration
 
 T = TypeVar("T")
 
-MIGRATIONS: list[str] = [
+MIGRATIONS: list[Migration] = [sql_migration(script) for script in [
     # 1
     """CREATE TABLE IF NOT EXISTS sr_schemas(
         id {int} PRIMARY KEY, schema_type TEXT NOT NULL, schema TEXT NOT NULL,
@@ -38,7 +41,16 @@ MIGRATIONS: list[str] = [
     CREATE TABLE IF NOT EXISTS sr_config(subject TEXT PRIMARY KEY, compatibility TEXT NOT NULL);
     INSERT INTO meta(key, value) VALUES ('schema_registry.next_id', '1') ON CONFLICT DO NOTHING;
     INSERT INTO meta(key, value) VALUES ('schema_registry.lock', '') ON CONFLICT DO NOTHING""",
-]
+]]
+
+
+def _legacy_version(db: Connection, dialect: Dialect) -> int:
+    """The version a registry migrated before the shared runner recorded in `meta`."""
+    row = db.execute("SELECT value FROM meta WHERE key='schema_registry.migration'").fetchone()
+    return int(row[0]) if row else 0
+
+
+COMPONENT = Component("schema_registry", MIGRATIONS, _legacy_version)
 
 
 @dataclass(frozen=True)
@@ -87,23 +99,11 @@ class RegistryStore:
                 return fn(db)
         return await self.meta._run(txn)
 
-    async def migrate(self) -> None:
-        def apply() -> None:
-            dialect = self.meta.backend.dialect
-            with self.meta._txn() as db:
-                if dialect.schema_lock:
-                    db.execute(dialect.schema_lock)
-                row = db.execute("SELECT value FROM meta WHERE key='schema_registry.migration'"
-                                 ).fetchone()
-                done = int(row[0]) if row else 0
-                for script in MIGRATIONS[done:]:
-                    for stmt in script.format(int=dialect.int_type).split(";"):
-                        if stmt.strip():
-                            db.execute(stmt)
-                db.execute("INSERT INTO meta(key, value) VALUES ('schema_registry.migration', ?)"
-                           " ON CONFLICT (key) DO UPDATE SET value=excluded.value",
-                           (str(len(MIGRATIONS)),))
-        await self.meta._run(apply)
+    async def migrate(self) -> int:
+        """Apply the registry's pending migrations (each once, also with brokers opening one
+        PostgreSQL database together); returns the registry's schema version. Raises
+        SchemaTooNewError for tables written by a newer floe."""
+        return await self.meta.migrate(COMPONENT)
 
     # -- reads (inside run) ------------------------------------------------------------------
     @staticmethod

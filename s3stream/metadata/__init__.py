@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from s3stream.metadata.backend import Backend, redact_url
+from s3stream.metadata.migrations import SchemaTooNewError
 from s3stream.metadata.model import (
     PRODUCER_BATCHES_KEPT,
     ChunkRow,
@@ -45,6 +46,7 @@ __all__ = [
     "OffsetConflictError",
     "OffsetRow",
     "ProducerBatchRow",
+    "SchemaTooNewError",
     "SqliteMetadataStore",
     "StreamRow",
     "TopicRow",

@@ -58,6 +58,7 @@ class Dialect:
     begin_read: str  # starts a read-only transaction that sees one consistent snapshot
     for_update: str  # appended to a SELECT to lock the rows it returns until COMMIT
     schema_lock: str | None  # run first in the schema transaction (brokers starting together)
+    table_exists: str  # one row, one column: not NULL iff the table named by `?` exists
 
     def schema(self) -> list[str]:
         text = SCHEMA.format(int=self.int_type, identity=self.identity,

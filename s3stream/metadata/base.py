@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from s3stream.metadata.backend import Backend, Connection
+from s3stream.metadata.migrations import STORE, Component, run_migrations
 from s3stream.metadata.model import (
     CommitInDoubtError,
     MetadataError,
@@ -168,15 +169,20 @@ class StoreBase:
 
     # -- lifecycle -------------------------------------------------------------------------
     def _create_schema(self, new_cluster_id: str) -> None:
+        """Migrate the store's tables (see .migrations; SchemaTooNewError for a database
+        written by a newer floe, which is left untouched), then give it a cluster id."""
+        run_migrations(self._txn, self.backend.dialect, STORE)
         with self._txn() as db:
-            if self.backend.dialect.schema_lock:
-                db.execute(self.backend.dialect.schema_lock)
-            for statement in self.backend.dialect.schema():
-                db.execute(statement)
             db.execute("INSERT INTO meta(key, value) VALUES ('cluster_id', ?)"
                        " ON CONFLICT DO NOTHING", (new_cluster_id,))
-            db.execute("INSERT INTO meta(key, value) VALUES ('next_object_id', '1')"
-                       " ON CONFLICT DO NOTHING")
+
+    def _migrate(self, component: Component) -> int:
+        return run_migrations(self._txn, self.backend.dialect, component)
+
+    async def migrate(self, component: Component) -> int:
+        """Bring another component's tables (e.g. the Schema Registry's) to their latest
+        version in this database (see .migrations); returns that version."""
+        return await self._run(self._migrate, component)
 
     async def open(self) -> None:
         self._opened = True

@@ -33,6 +33,7 @@ POSTGRES = Dialect(
     begin_read="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
     for_update=" FOR UPDATE",
     schema_lock="SELECT pg_advisory_xact_lock(7480931)",  # any constant, the same everywhere
+    table_exists="SELECT to_regclass(?::text)",
 )
 
 CONNECT_DEFAULTS = {

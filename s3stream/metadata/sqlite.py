@@ -18,6 +18,7 @@ SQLITE = Dialect(
     begin_read="BEGIN",
     for_update="",  # the database-wide write lock already guards every row
     schema_lock=None,
+    table_exists="SELECT max(name) FROM sqlite_master WHERE type='table' AND name=?",
 )
 
 

@@ -1,0 +1,206 @@
+"""The metadata schema's version and numbered migrations (s3stream.metadata.migrations), on
+SQLite and PostgreSQL: a new database records version 1; a database made before versions were
+recorded (today's v1 tables, no `schema_version`) is recorded as version 1 with its data
+untouched; pending migrations apply once each, in their own transaction (a failing one leaves
+the last complete version); a version newer than the code is refused and nothing is written;
+brokers opening one database together apply a migration once; the Schema Registry's tables
+use the same runner, and its pre-runner version in `meta` is carried over."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.schemaregistry.store import COMPONENT as REGISTRY
+from broker.schemaregistry.store import RegistryStore
+from s3stream.metadata import MetadataStore, SchemaTooNewError, open_metadata_store
+from s3stream.metadata.backend import Connection, Dialect
+from s3stream.metadata.migrations import Component, sql_migration
+
+# A database with today's (v1) tables and rows, as a store made before versioning left it.
+V1_ROWS = [
+    "INSERT INTO meta(key, value) VALUES ('cluster_id', 'oldcluster'), ('next_object_id', '7')",
+    "INSERT INTO topics VALUES ('t', '00000000-0000-0000-0000-000000000001', '{\"a\": \"b\"}', 5)",
+    "INSERT INTO streams(topic, partition, start_offset, end_offset) VALUES ('t', 0, 0, 3)",
+    "INSERT INTO objects VALUES (6, 'wal/6', 100, 'wal', 5)",
+    "INSERT INTO chunks VALUES (1, 0, 2, 6, 0, 100, 9)",
+    "INSERT INTO producer_batches VALUES (1, 1000, 0, 0, 2, 0, 2)",
+    "INSERT INTO group_offsets VALUES ('g', 't', 0, 2, -1, NULL, 5)",
+]
+TABLES = ["meta", "topics", "streams", "objects", "chunks", "producer_batches", "group_offsets"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'meta.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+async def in_store(url: str, fn: Callable[[Connection, Dialect], Any]) -> Any:
+    """fn(db, dialect) in one write transaction of a store that is connected but not opened
+    (no migration runs): to set up or inspect a database as it is on disk."""
+    s = open_metadata_store(url)
+    s._opened = True
+
+    def call() -> Any:
+        with s._txn() as db:
+            return fn(db, s.backend.dialect)
+    try:
+        return await s._run(call)
+    finally:
+        await s.close()
+
+
+def make_v1(db: Connection, dialect: Dialect) -> None:
+    for statement in dialect.schema():  # today's CREATE TABLE statements (migration 1)
+        db.execute(statement)
+    for statement in V1_ROWS:
+        db.execute(statement)
+
+
+def dump(db: Connection, dialect: Dialect) -> dict[str, list[tuple[Any, ...]]]:
+    return {t: sorted(tuple(r) for r in db.execute(f"SELECT * FROM {t}")) for t in TABLES}
+
+
+def versions(db: Connection, dialect: Dialect) -> list[tuple[str, int, int]]:
+    return sorted((str(c), int(v), int(a)) for c, v, a in db.execute(
+        "SELECT component, version, applied_at FROM schema_version"))
+
+
+async def open_close(url: str, *components: Component) -> MetadataStore:
+    s = open_metadata_store(url)
+    await s.open()
+    try:
+        for c in components:
+            await s.migrate(c)
+    finally:
+        await s.close()
+    return s
+
+
+async def test_a_new_database_records_version_1_and_a_second_open_is_a_no_op(url: str) -> None:
+    await open_close(url)
+    (row,) = await in_store(url, versions)
+    assert row[:2] == ("s3stream.metadata", 1) and row[2] > 0
+    before = await in_store(url, dump)
+    await open_close(url)
+    assert await in_store(url, versions) == [row]
+    assert await in_store(url, dump) == before
+
+
+async def test_a_database_from_before_versions_is_recorded_as_version_1_untouched(
+    url: str,
+) -> None:
+    await in_store(url, make_v1)
+    before = await in_store(url, dump)
+    s = open_metadata_store(url)
+    await s.open()
+    try:
+        assert await s.cluster_id() == "oldcluster"
+        topics, streams, chunks = await s.load()
+        assert [(t.name, t.configs) for t in topics] == [("t", {"a": "b"})]
+        assert [(x.end_offset, len(chunks)) for x in streams] == [(3, 1)]
+        assert len(await s.load_producers()) == 1
+        assert await s.reserve_object_ids(1) == 7
+    finally:
+        await s.close()
+    after = await in_store(url, dump)
+    before["meta"] = [r if r[0] != "next_object_id" else ("next_object_id", "8")
+                      for r in before["meta"]]
+    assert after == before
+    # found in place: applied_at 0 (not applied by this code)
+    assert await in_store(url, versions) == [("s3stream.metadata", 1, 0)]
+
+
+async def test_pending_migrations_apply_once_each_and_a_failing_one_keeps_the_last_version(
+    url: str,
+) -> None:
+    await open_close(url)
+    ok = Component("test.part", [
+        sql_migration("CREATE TABLE part_a(x {int} PRIMARY KEY)"),
+        sql_migration("ALTER TABLE part_a ADD COLUMN y TEXT; INSERT INTO part_a VALUES (1, 'v2')"),
+    ])
+    await open_close(url, ok)
+    await open_close(url, ok)  # nothing pending: the INSERT of migration 2 does not run again
+    assert await in_store(url, lambda db, d: db.execute("SELECT * FROM part_a").fetchall()) == [
+        (1, "v2")]
+
+    def fails(db: Connection, dialect: Dialect) -> None:
+        db.execute("CREATE TABLE part_b(x TEXT)")
+        raise RuntimeError("migration 3 is broken")
+
+    with pytest.raises(RuntimeError, match="migration 3 is broken"):
+        await open_close(url, Component("test.part", [*ok.migrations, fails]))
+    rows = await in_store(url, versions)
+    assert [(c, v) for c, v, _ in rows] == [
+        ("s3stream.metadata", 1), ("test.part", 1), ("test.part", 2)]
+    assert not await in_store(url, lambda db, d: db.execute(d.table_exists, ("part_b",))
+                              .fetchone()[0])
+
+
+async def test_a_database_newer_than_the_code_is_refused_and_not_written(url: str) -> None:
+    await in_store(url, make_v1)
+    await in_store(url, lambda db, d: [db.execute(
+        "CREATE TABLE schema_version(component TEXT NOT NULL, version BIGINT NOT NULL,"
+        " applied_at BIGINT NOT NULL, PRIMARY KEY(component, version))"),
+        db.execute("INSERT INTO schema_version VALUES ('s3stream.metadata', 1, 0),"
+                   " ('s3stream.metadata', 2, 1)"),
+        db.execute("DELETE FROM meta WHERE key='cluster_id'")])
+    before = await in_store(url, dump)
+    s = open_metadata_store(url)
+    with pytest.raises(SchemaTooNewError, match=r"schema version 2, this floe knows versions up"
+                       r" to 1.*newer floe; refusing to open it"):
+        await s.open()
+    await s.close()
+    assert await in_store(url, dump) == before  # not even a cluster id was added
+    assert await in_store(url, versions) == [("s3stream.metadata", 1, 0),
+                                             ("s3stream.metadata", 2, 1)]
+    # the same for another component's tables
+    await in_store(url, lambda db, d: db.execute("DELETE FROM schema_version WHERE version=2"))
+    await open_close(url)
+    await in_store(url, lambda db, d: db.execute(
+        "INSERT INTO schema_version VALUES ('schema_registry', 5, 1)"))
+    with pytest.raises(SchemaTooNewError, match="'schema_registry' is at schema version 5"):
+        await open_close(url, REGISTRY)
+    assert not await in_store(url, lambda db, d: db.execute(d.table_exists, ("sr_schemas",))
+                              .fetchone()[0])
+
+
+async def test_stores_opening_together_apply_a_migration_once(url: str) -> None:
+    def counted(db: Connection, dialect: Dialect) -> None:
+        # not idempotent: a second run would fail (primary key) or add a row
+        db.execute(f"CREATE TABLE IF NOT EXISTS runs(n {dialect.int_type} PRIMARY KEY)")
+        db.execute("INSERT INTO runs SELECT count(*) + 1 FROM runs")
+
+    part = Component("test.once", [counted])
+    await asyncio.gather(*(open_close(url, part) for _ in range(4)))
+    assert await in_store(url, lambda db, d: db.execute("SELECT n FROM runs").fetchall()) == [
+        (1,)]
+    rows = await in_store(url, versions)
+    assert [(c, v) for c, v, _ in rows] == [("s3stream.metadata", 1), ("test.once", 1)]
+
+
+async def test_the_registry_uses_the_runner_and_keeps_its_pre_runner_version(url: str) -> None:
+    await open_close(url)
+    # a registry migrated by the code before the shared runner: its tables + version in meta
+    def old_registry(db: Connection, dialect: Dialect) -> None:
+        REGISTRY.migrations[0](db, dialect)
+        db.execute("INSERT INTO meta(key, value) VALUES ('schema_registry.migration', '1')")
+        db.execute("INSERT INTO sr_config VALUES ('', 'FULL')")
+    await in_store(url, old_registry)
+    s = open_metadata_store(url)
+    await s.open()
+    try:
+        assert await RegistryStore(s).migrate() == 1
+    finally:
+        await s.close()
+    rows = await in_store(url, versions)
+    assert ("schema_registry", 1, 0) in rows  # recorded as found, not re-applied
+    assert await in_store(url, lambda db, d: db.execute("SELECT * FROM sr_config").fetchall()
+                          ) == [("", "FULL")]
+
