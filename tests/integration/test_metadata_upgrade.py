@@ -1,8 +1,9 @@
 """A metadata database made by main at 59112ef (before schema versions; tests/data/main-59112ef,
 see its README) opens in today's broker and is migrated in place: every record, offset, topic
 config, committed group offset and producer-state row is still there, version 1 is recorded as
-found, a second start changes nothing, and new writes work. A database whose schema version is
-newer than the code is refused at startup with a clear error and left unchanged."""
+found and migration 2 (an index) applied, a second start changes nothing, and new writes
+work. A database whose schema version is newer than the code is refused at startup with a
+clear error and left unchanged."""
 
 from __future__ import annotations
 
@@ -100,7 +101,10 @@ def test_a_database_made_by_main_59112ef_opens_migrated_with_nothing_lost(
 
     assert dump(db) == before  # nothing lost or changed (producer state included)
     recorded = versions(db)
-    assert recorded == [("s3stream.metadata", 1, 0)]  # found in place, not re-applied
+    assert recorded[0] == ("s3stream.metadata", 1, 0)  # found in place, not re-applied
+    assert len(recorded) == 2 and recorded[1][:2] == ("s3stream.metadata", 2)  # then migrated
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT 1 FROM sqlite_master WHERE name='chunks_object'").fetchall()
 
     # a second start is a no-op for the schema; the upgraded database takes new writes
     with running_broker(data) as broker:
@@ -118,11 +122,11 @@ def test_a_database_newer_than_the_broker_is_refused_at_startup_and_left_unchang
 ) -> None:
     data = copy_fixture(tmp_path)
     db = data / "meta.db"
-    with sqlite3.connect(db) as conn:  # as a future floe with a migration 2 would leave it
+    with sqlite3.connect(db) as conn:  # as a future floe with a migration 3 would leave it
         conn.execute("CREATE TABLE schema_version(component TEXT NOT NULL, version INTEGER"
                      " NOT NULL, applied_at INTEGER NOT NULL, PRIMARY KEY(component, version))")
         conn.execute("INSERT INTO schema_version VALUES ('s3stream.metadata', 1, 0),"
-                     " ('s3stream.metadata', 2, 1)")
+                     " ('s3stream.metadata', 2, 1), ('s3stream.metadata', 3, 2)")
     before = (dump(db), versions(db))
     proc = subprocess.run(
         [sys.executable, "-m", "broker.cli", "broker", "--listen", "127.0.0.1:0",
@@ -131,6 +135,6 @@ def test_a_database_newer_than_the_broker_is_refused_at_startup_and_left_unchang
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "listening on" not in out
-    assert "SchemaTooNewError" in out and "schema version 2" in out, out
+    assert "SchemaTooNewError" in out and "schema version 3" in out, out
     assert "written by a newer floe; refusing to open it" in out, out
     assert (dump(db), versions(db)) == before

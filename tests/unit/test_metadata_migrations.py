@@ -83,17 +83,26 @@ async def open_close(url: str, *components: Component) -> MetadataStore:
     return s
 
 
-async def test_a_new_database_records_version_1_and_a_second_open_is_a_no_op(url: str) -> None:
+def has_index(db: Connection, dialect: Dialect, name: str) -> bool:
+    sql = ("SELECT to_regclass(?::text)" if dialect.for_update
+           else "SELECT max(name) FROM sqlite_master WHERE type='index' AND name=?")
+    return db.execute(sql, (name,)).fetchone()[0] is not None
+
+
+async def test_a_new_database_is_at_the_latest_version_and_a_second_open_is_a_no_op(
+    url: str,
+) -> None:
     await open_close(url)
-    (row,) = await in_store(url, versions)
-    assert row[:2] == ("s3stream.metadata", 1) and row[2] > 0
+    rows = await in_store(url, versions)
+    assert [(c, v) for c, v, _ in rows] == [("s3stream.metadata", 1), ("s3stream.metadata", 2)]
+    assert all(a > 0 for _, _, a in rows)  # applied by this code
     before = await in_store(url, dump)
     await open_close(url)
-    assert await in_store(url, versions) == [row]
+    assert await in_store(url, versions) == rows
     assert await in_store(url, dump) == before
 
 
-async def test_a_database_from_before_versions_is_recorded_as_version_1_untouched(
+async def test_a_database_from_before_versions_is_recorded_as_version_1_and_migrated(
     url: str,
 ) -> None:
     await in_store(url, make_v1)
@@ -113,8 +122,11 @@ async def test_a_database_from_before_versions_is_recorded_as_version_1_untouche
     before["meta"] = [r if r[0] != "next_object_id" else ("next_object_id", "8")
                       for r in before["meta"]]
     assert after == before
-    # found in place: applied_at 0 (not applied by this code)
-    assert await in_store(url, versions) == [("s3stream.metadata", 1, 0)]
+    # 1 found in place (applied_at 0, not applied by this code), then migration 2 applied
+    rows = await in_store(url, versions)
+    assert rows[0] == ("s3stream.metadata", 1, 0) and rows[1][:2] == ("s3stream.metadata", 2)
+    assert len(rows) == 2 and rows[1][2] > 0
+    assert await in_store(url, lambda db, d: has_index(db, d, "chunks_object"))
 
 
 async def test_pending_migrations_apply_once_each_and_a_failing_one_keeps_the_last_version(
@@ -138,7 +150,7 @@ async def test_pending_migrations_apply_once_each_and_a_failing_one_keeps_the_la
         await open_close(url, Component("test.part", [*ok.migrations, fails]))
     rows = await in_store(url, versions)
     assert [(c, v) for c, v, _ in rows] == [
-        ("s3stream.metadata", 1), ("test.part", 1), ("test.part", 2)]
+        ("s3stream.metadata", 1), ("s3stream.metadata", 2), ("test.part", 1), ("test.part", 2)]
     assert not await in_store(url, lambda db, d: db.execute(d.table_exists, ("part_b",))
                               .fetchone()[0])
 
@@ -149,19 +161,19 @@ async def test_a_database_newer_than_the_code_is_refused_and_not_written(url: st
         "CREATE TABLE schema_version(component TEXT NOT NULL, version BIGINT NOT NULL,"
         " applied_at BIGINT NOT NULL, PRIMARY KEY(component, version))"),
         db.execute("INSERT INTO schema_version VALUES ('s3stream.metadata', 1, 0),"
-                   " ('s3stream.metadata', 2, 1)"),
+                   " ('s3stream.metadata', 3, 1)"),
         db.execute("DELETE FROM meta WHERE key='cluster_id'")])
     before = await in_store(url, dump)
     s = open_metadata_store(url)
-    with pytest.raises(SchemaTooNewError, match=r"schema version 2, this floe knows versions up"
-                       r" to 1.*newer floe; refusing to open it"):
+    with pytest.raises(SchemaTooNewError, match=r"schema version 3, this floe knows versions up"
+                       r" to 2.*newer floe; refusing to open it"):
         await s.open()
     await s.close()
     assert await in_store(url, dump) == before  # not even a cluster id was added
     assert await in_store(url, versions) == [("s3stream.metadata", 1, 0),
-                                             ("s3stream.metadata", 2, 1)]
+                                             ("s3stream.metadata", 3, 1)]
     # the same for another component's tables
-    await in_store(url, lambda db, d: db.execute("DELETE FROM schema_version WHERE version=2"))
+    await in_store(url, lambda db, d: db.execute("DELETE FROM schema_version WHERE version=3"))
     await open_close(url)
     await in_store(url, lambda db, d: db.execute(
         "INSERT INTO schema_version VALUES ('schema_registry', 5, 1)"))
@@ -182,7 +194,8 @@ async def test_stores_opening_together_apply_a_migration_once(url: str) -> None:
     assert await in_store(url, lambda db, d: db.execute("SELECT n FROM runs").fetchall()) == [
         (1,)]
     rows = await in_store(url, versions)
-    assert [(c, v) for c, v, _ in rows] == [("s3stream.metadata", 1), ("test.once", 1)]
+    assert [(c, v) for c, v, _ in rows] == [("s3stream.metadata", 1), ("s3stream.metadata", 2),
+                                             ("test.once", 1)]
 
 
 async def test_the_registry_uses_the_runner_and_keeps_its_pre_runner_version(url: str) -> None:
@@ -204,3 +217,15 @@ async def test_the_registry_uses_the_runner_and_keeps_its_pre_runner_version(url
     assert await in_store(url, lambda db, d: db.execute("SELECT * FROM sr_config").fetchall()
                           ) == [("", "FULL")]
 
+
+
+async def test_migration_2_indexes_chunks_by_object_for_the_object_gc(tmp_path: Path) -> None:
+    """The GC's and compaction's lookups of chunks by object use the index (SQLite's plan)."""
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    await open_close(url)
+    plans = await in_store(url, lambda db, d: [
+        " ".join(str(r[-1]) for r in db.execute("EXPLAIN QUERY PLAN " + q).fetchall())
+        for q in ("SELECT object_id FROM objects o WHERE created_ms < 1 AND NOT EXISTS"
+                  " (SELECT 1 FROM chunks c WHERE c.object_id = o.object_id)",
+                  "SELECT stream_id FROM chunks WHERE object_id IN (1, 2)")])
+    assert all("chunks_object" in plan for plan in plans), plans
