@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from broker.config import BROKER_CONFIGS, ConfigError, env_name, load_settings
 from broker.topics_cli import add_parser as add_topics_parser
@@ -190,13 +191,20 @@ def _broker(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     from broker.app import run_broker
+    from s3stream.metadata import SchemaTooNewError
 
+    run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     try:
         import uvloop
 
-        uvloop.run(run_broker(settings))
-    except ImportError:
-        asyncio.run(run_broker(settings))
+        run = uvloop.run
+    except ImportError:  # uvloop is optional (not on Windows)
+        pass
+    try:
+        run(run_broker(settings))
+    except SchemaTooNewError as e:  # one clear line, no traceback: nothing was written
+        print(f"floe: SchemaTooNewError: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
