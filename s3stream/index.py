@@ -1,0 +1,150 @@
+"""The in-memory chunk index: each stream's chunk list and each object's live extents.
+
+Contract:
+- A `Stream`'s chunk list is copy-on-write: compaction and retention assign a new list, never
+  edit one in place; commits only append at the end. So a reader may hold `st.chunks` across an
+  await as a consistent snapshot (see `s3stream.reader`).
+- `end_offset` is durable (every offset below it is committed); `next_offset` is what appends
+  have been handed (`s3stream.wal` moves one, then the other, and rewinds `next_offset` to
+  `end_offset` when a flush fails for good).
+- `IndexMixin` keeps, per object, the (position, length) of its live chunks, every stream's, so
+  a read of one chunk in a small WAL object can fetch the whole object (`s3stream.reader`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from s3stream.metadata import ChunkRow
+
+
+class UnknownStreamError(KeyError):
+    pass
+
+
+@dataclass(slots=True)
+class Chunk:
+    base_offset: int
+    last_offset: int
+    object_id: int
+    position: int
+    length: int
+    max_timestamp: int
+
+
+@dataclass(eq=False, slots=True)
+class Stream:
+    """A stream's state. `chunks` (with `bases`, their base offsets) is copy-on-write: compaction
+    and retention assign new lists, never edit one in place; commits only append at the end.
+    So a reader may keep `st.chunks` across an await as a consistent snapshot (an index into
+    it stays valid), but must never index `st.chunks` again after an await."""
+
+    stream_id: int
+    start_offset: int
+    end_offset: int  # durable: every offset below it is committed
+    next_offset: int  # assigned: appends in flight extend up to here
+    chunks: list[Chunk] = field(default_factory=list)
+    bases: list[int] = field(default_factory=list)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # (end offset after a commit, wall-clock time of that commit), for freshness figures
+    commits: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=65536))
+
+    def commit_time(self, offset: int) -> float | None:
+        """When `offset` became durable (None if before this process or out of the window)."""
+        i = bisect.bisect_right(self.commits, offset, key=lambda e: e[0])
+        return self.commits[i][1] if i < len(self.commits) else None
+
+    def add_chunk(self, c: Chunk) -> None:
+        self.chunks.append(c)
+        self.bases.append(c.base_offset)
+
+    def chunk_index(self, offset: int) -> int:
+        """Index of the chunk holding `offset` (offset must be in [start, end))."""
+        return max(0, bisect.bisect_right(self.bases, offset) - 1)
+
+    def set_chunks(self, chunks: list[Chunk]) -> None:
+        """Replace the chunk list (a new list: snapshots readers hold stay as they were)."""
+        self.chunks = chunks
+        self.bases = [c.base_offset for c in chunks]
+
+
+def wake_readers(st: Stream) -> None:
+    """Resolve the futures of `wait_for_append` calls waiting on the stream."""
+    waiters, st.waiters = st.waiters, []
+    for w in waiters:
+        if not w.done():
+            w.set_result(None)
+
+
+class IndexMixin:
+    """The chunk index part of `s3stream.log.LogStore` (which sets these attributes)."""
+
+    streams: dict[int, Stream]
+    _object_keys: dict[int, str]
+    # (position, length) of the live chunks of each object, every stream's
+    _object_chunks: dict[int, set[tuple[int, int]]]
+
+    def stream(self, stream_id: int) -> Stream:
+        try:
+            return self.streams[stream_id]
+        except KeyError:
+            raise UnknownStreamError(stream_id) from None
+
+    def _load_chunks(self, chunks: Iterable[ChunkRow]) -> None:
+        """Index the chunks read from the metadata store at open (of known streams only)."""
+        for c in chunks:
+            st = self.streams.get(c.stream_id)
+            if st is not None:
+                self._object_chunks.setdefault(c.object_id, set()).add((c.position, c.length))
+                st.add_chunk(
+                    Chunk(
+                        c.base_offset,
+                        c.last_offset,
+                        c.object_id,
+                        c.position,
+                        c.length,
+                        c.max_timestamp,
+                    )
+                )
+
+    def replace_chunks(
+        self, new: list[ChunkRow], old: list[ChunkRow], keys: dict[int, str]
+    ) -> None:
+        """Apply a committed compaction to the in-memory index."""
+        self._object_keys.update(keys)
+        for c in old:
+            self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
+        for c in new:
+            self._object_chunks.setdefault(c.object_id, set()).add((c.position, c.length))
+        gone = {(c.stream_id, c.base_offset, c.object_id) for c in old}
+        touched = {c.stream_id for c in old} | {c.stream_id for c in new}
+        for sid in touched:
+            st = self.streams.get(sid)
+            if st is None:
+                continue
+            kept = [c for c in st.chunks if (sid, c.base_offset, c.object_id) not in gone]
+            kept += [
+                Chunk(
+                    c.base_offset, c.last_offset, c.object_id, c.position, c.length, c.max_timestamp
+                )
+                for c in new
+                if c.stream_id == sid
+            ]
+            kept.sort(key=lambda c: c.base_offset)
+            st.set_chunks(kept)
+
+    def forget_objects(self, object_ids: list[int]) -> None:
+        for oid in object_ids:
+            self._object_keys.pop(oid, None)
+            self._object_chunks.pop(oid, None)
+
+    def _drop_chunks_below(self, st: Stream, start_offset: int) -> None:
+        """Drop the stream's chunks wholly below `start_offset` (retention)."""
+        for c in st.chunks:
+            if c.last_offset < start_offset:
+                self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
+        st.set_chunks([c for c in st.chunks if c.last_offset >= start_offset])
