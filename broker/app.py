@@ -228,6 +228,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     status_server = await _admin(settings, metrics, health, tables.status)
     registry, registry_server = await start_schema_registry(settings, storage.meta)
     ctx.schemas.attach(registry)
+    tables.schemas = registry  # by_schema_id table topics fetch writer schemas from it
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
         asyncio.create_task(health.run(), name="health"),

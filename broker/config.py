@@ -208,7 +208,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
             "string",
             "raw",
             "how values become columns",
-            choices=("raw", "string", "json"),
+            choices=("raw", "string", "json", "by_schema_id"),
         ),
         ConfigDef(
             "table.topic.errors.tolerance",

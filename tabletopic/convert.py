@@ -130,6 +130,8 @@ def plain(t: pa.DataType) -> pa.DataType:
         return pa.list_(plain(t.value_type))
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, plain(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(plain(t.key_type), plain(t.item_type))
     if pa.types.is_timestamp(t) and t.unit == "us":
         return pa.timestamp("us", tz=t.tz)
     return t

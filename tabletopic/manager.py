@@ -11,6 +11,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from broker.engine import StorageEngine
+from tabletopic.avroconvert import SchemaById
 from tabletopic.config import TableTopicConfig
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.writer import TableWriter
@@ -30,6 +31,7 @@ class TableTopics:
         self.orphan_min_age_s = orphan_min_age_s
         self.catalog = catalog
         self.poll_s = poll_s
+        self.schemas: SchemaById | None = None  # the Schema Registry, set by broker.app
         self.writers: dict[str, tuple[TableWriter, asyncio.Task[None]]] = {}
 
     async def run(self) -> None:
@@ -50,7 +52,9 @@ class TableTopics:
             except Exception:
                 log.exception("table topic config of %s", name)
         for name in wanted - set(self.writers):
-            writer = TableWriter(name, self.storage, self.catalog, self.orphan_min_age_s)
+            writer = TableWriter(
+                name, self.storage, self.catalog, self.orphan_min_age_s, self.schemas
+            )
             task = asyncio.create_task(writer.run(), name=f"table-topic {name}")
             self.writers[name] = (writer, task)
         for name in set(self.writers) - wanted:

@@ -29,6 +29,8 @@ from broker.engine import StorageEngine
 from broker.errors import KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
+from broker.schemaregistry.errors import RegistryError
+from tabletopic.avroconvert import AvroConverter, SchemaById
 from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS
@@ -62,14 +64,17 @@ class TableWriter:
         storage: StorageEngine,
         catalog: Catalog,
         orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
+        schemas: SchemaById | None = None,
     ) -> None:
+        """schemas: the Schema Registry (by_schema_id values); None when it is off."""
         self.topic = topic
+        self.schemas = schemas
         self.orphan_min_age_s = orphan_min_age_s
         self._next_orphan_check = 0.0
         self.storage = storage
         self.catalog = catalog
         self.parts: dict[int, PartitionState] = {}
-        self.converter: Converter | None = None
+        self.converter: Converter | AvroConverter | None = None
         self.dlq: DeadLetters | None = None
         self.last_commit: float | None = None
         self.last_error: str | None = None
@@ -125,7 +130,12 @@ class TableWriter:
         cfg = self.config
         table = await asyncio.to_thread(self._load_or_create, cfg)
         offsets = table_offsets(table)
-        self.converter = Converter(cfg.value_type, table.schema().as_arrow())
+        known = table.schema().as_arrow()
+        self.converter = (
+            AvroConverter(known)
+            if cfg.value_type == "by_schema_id"
+            else Converter(cfg.value_type, known)
+        )
         self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
         self.parts = {}
         for p in range(len(self.storage.topic(self.topic).streams)):
@@ -186,6 +196,8 @@ class TableWriter:
                 last = h.next_offset
             if not data:
                 continue
+            if isinstance(self.converter, AvroConverter):
+                await self._fetch_schemas(self.converter, recs)
             table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
             if dead and cfg.tolerance == "none":
                 first = dead[0].record.offset
@@ -202,6 +214,23 @@ class TableWriter:
             st.read_next = last
             progressed = True
         return progressed
+
+    async def _fetch_schemas(self, conv: AvroConverter, recs: list[Record]) -> None:
+        """Give the converter every writer schema these records name. An id the registry does
+        not hold (40403) or a registry that is off makes those records invalid (the reason goes
+        to the DLQ); any other registry error is raised: the writer retries, nothing is lost."""
+        for sid in sorted(conv.missing_ids(recs)):
+            if self.schemas is None:
+                conv.add_unknown(sid, "the schema registry is off (--schema-registry)")
+                continue
+            try:
+                s = await self.schemas.get_by_id(sid)
+            except RegistryError as e:
+                if e.code != 40403:
+                    raise
+                conv.add_unknown(sid, "not in the schema registry")
+                continue
+            conv.add_schema(sid, s.schema_type, s.schema, len(s.references))
 
     def _commit_due(self) -> bool:
         cfg = self.config
