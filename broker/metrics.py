@@ -1,9 +1,10 @@
 """Broker-wide Prometheus metrics, in a registry of their own (not prometheus_client's global
 one, so several brokers can run in one process).
 
-The hot paths (requests in net.py, WAL flushes and cache lookups in s3stream/log.py, object
-store calls in s3stream/objectstore.py) only bump plain counters (`NetStats` here,
-`s3stream.stats`); `FloeCollector` turns them into metric families when /metrics is scraped.
+The hot paths (requests in net.py, WAL flushes in s3stream/wal.py, cache lookups in
+s3stream/reader.py, object store calls in s3stream/objectstore.py) only bump plain counters
+(`NetStats` here, `s3stream.stats`); `FloeCollector` turns them into metric families when
+/metrics is scraped.
 Group lag and table-topic figures are computed at scrape time from the broker's in-memory
 state (nothing here awaits, so no state is read across an await). Maintenance jobs, which are
 rare, update ordinary prometheus_client counters.

@@ -291,7 +291,7 @@ class Storage(TopicTable):
 
     async def _offset_for_time(self, sid: int, timestamp: int) -> tuple[int, int] | None:
         st = self.log.stream(sid)
-        chunks = st.chunks  # a snapshot (s3stream.log.Stream): st.chunks is not used again
+        chunks = st.chunks  # a snapshot (s3stream.index.Stream): st.chunks is not used again
         if timestamp == -3:
             if not chunks:
                 return None

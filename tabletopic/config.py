@@ -24,7 +24,7 @@ class TableTopicConfig:
     commit_interval_s: float
     commit_max_records: int
     commit_max_bytes: int
-    value_type: str  # raw | string | json
+    value_type: str  # raw | string | json | by_schema_id (Avro)
     tolerance: str  # none | invalid_data | all
     dlq_topic: str
 
