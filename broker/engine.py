@@ -108,6 +108,11 @@ class TopicTable:
                 ErrorCode.invalid_partitions,
                 f"number of partitions must be positive, got {partitions}",
             )
+        return self.valid_configs(configs)
+
+    @staticmethod
+    def valid_configs(configs: dict[str, str | None] | dict[str, str]) -> dict[str, str]:
+        """Topic configs checked like Kafka's, or INVALID_CONFIG naming the key."""
         try:
             return validate_topic_configs(configs)
         except ConfigError as e:

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import uuid
 
-from broker.config import ConfigError, Settings, validate_topic_configs
+from broker.config import Settings
 from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, TopicTable
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
@@ -84,10 +84,7 @@ class NullStorage(TopicTable):
         self, name: str, configs: dict[str, str], validate_only: bool
     ) -> None:
         t = self.topic(name)
-        try:
-            valid = validate_topic_configs(configs)
-        except ConfigError as e:
-            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
+        valid = self.valid_configs(configs)
         if not validate_only:
             t.configs = valid
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from broker import recordpolicy
-from broker.config import ConfigError, Settings, validate_topic_configs
+from broker.config import Settings
 from broker.engine import (
     AppendResult,
     MaintenanceJob,
@@ -132,10 +132,7 @@ class Storage(TopicTable):
         self, name: str, configs: dict[str, str], validate_only: bool
     ) -> None:
         t = self.topic(name)
-        try:
-            valid = validate_topic_configs(configs)
-        except ConfigError as e:
-            raise KafkaError(ErrorCode.invalid_config, str(e)) from None
+        valid = self.valid_configs(configs)
         if validate_only:
             return
         await self.meta.set_topic_configs(name, valid)
