@@ -8,7 +8,8 @@ objects in a dict (tests and the null-storage benchmark only); `s3://BUCKET/PREF
 them in S3 or an S3-compatible store (see `s3stream.s3`).
 
 `open_object_store` wraps every backend in `RetryingObjectStore`, which repeats a call that
-failed with a retriable error (see `is_retriable`) with exponential backoff and jitter.
+failed with a retriable error (see `is_retriable`) under `OBJECT_STORE_RETRY` (s3stream.retry:
+exponential backoff with jitter, bounded attempts and deadline).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 from urllib.parse import urlparse
@@ -30,6 +31,7 @@ from s3stream.errors import ObjectNotFoundError as ObjectNotFoundError  # re-exp
 from s3stream.errors import ObjectStoreError as ObjectStoreError
 from s3stream.errors import ObjectStoreTimeoutError as ObjectStoreTimeoutError
 from s3stream.errors import RetryableError as RetryableError
+from s3stream.retry import RetryPolicy as RetryPolicy  # re-exported
 from s3stream.stats import ObjectStoreStats
 
 log = logging.getLogger(__name__)
@@ -189,28 +191,20 @@ class LocalDirObjectStore:
         pass
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter: the n-th retry waits a random time in
-    [d/2, d], d = min(max_delay, base_delay * 2**(n-1)). At most `max_attempts` are made, and
-    no retry is scheduled to start later than `max_elapsed` seconds after the first attempt
-    began, so a call gives up within max_elapsed + one attempt (bounded by the backend's own
-    per-request timeout)."""
-
-    max_attempts: int = 6
-    base_delay: float = 0.05
-    max_delay: float = 2.0
-    max_elapsed: float = 30.0
-
-    def delay(self, retry: int, rand: float) -> float:
-        d = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
-        return d / 2 + rand * d / 2
+# Object store calls: a few quick retries, and a call gives up within `deadline` + one attempt
+# (bounded by the backend's own per-request timeout). Only errors `is_retriable` accepts are
+# repeated, whatever the policy's own predicate.
+OBJECT_STORE_RETRY = RetryPolicy(
+    max_attempts=6, base_delay=0.05, max_delay=2.0, deadline=30.0, jitter=0.5,
+    retriable=is_retriable,
+)
 
 
 class RetryingObjectStore:
-    """Repeats calls of `inner` that fail with a retriable error (`is_retriable`); any other
-    error, and the last error once the attempts or the time budget are spent, propagate as
-    raised. Every call of the ObjectStore interface is idempotent, so repeating is safe."""
+    """Repeats calls of `inner` that fail with a retriable error (`is_retriable`) under the
+    retry policy (s3stream.retry); any other error, and the last error once the attempts or the
+    deadline are spent, propagate as raised. Every call of the ObjectStore interface is
+    idempotent, so repeating is safe."""
 
     def __init__(
         self,
@@ -221,53 +215,35 @@ class RetryingObjectStore:
     ) -> None:
         self.inner = inner
         self.url = inner.url
-        self.policy = policy or RetryPolicy()
+        p = policy or OBJECT_STORE_RETRY
+        if p.retriable is not is_retriable:
+            narrower = p.retriable
+            p = replace(p, retriable=lambda e: is_retriable(e) and narrower(e))
+        self.policy = p
         self._rand = rand
         self.retries = 0  # total retries made (for tests and metrics)
         self.stats = ObjectStoreStats()  # per attempt: requests, errors, latency (metrics)
 
+    def _retried(self, exc: BaseException) -> None:
+        self.retries += 1
+        self.stats.retries += 1
+
     async def _run(self, op: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
-        p = self.policy
-        start = time.monotonic()
-        attempt = 1
-        while True:
+        async def attempt() -> T:
             began = time.monotonic()
             try:
                 result = await call()
             except Exception as e:
                 fault = None if isinstance(e, ObjectNotFoundError) else e  # a 404 is an answer
                 self.stats.record(op, time.monotonic() - began, fault)
-                if not is_retriable(e):
-                    raise
-                delay = p.delay(attempt, self._rand())
-                elapsed = time.monotonic() - start
-                if attempt >= p.max_attempts or elapsed + delay > p.max_elapsed:
-                    log.error(
-                        "object store %s %r failed, giving up after %d attempts in %.1f s: %r",
-                        op,
-                        key,
-                        attempt,
-                        elapsed,
-                        e,
-                    )
-                    e.add_note(f"gave up after {attempt} attempts in {elapsed:.1f} s")
-                    raise
-                log.warning(
-                    "object store %s %r failed (attempt %d/%d), retrying in %.0f ms: %r",
-                    op,
-                    key,
-                    attempt,
-                    p.max_attempts,
-                    delay * 1000,
-                    e,
-                )
-                self.retries += 1
-                self.stats.retries += 1
-                attempt += 1
-                await asyncio.sleep(delay)
-                continue
+                raise
             self.stats.record(op, time.monotonic() - began, None)
             return result
+
+        return await self.policy.run_async(
+            attempt, f"object store {op} {key!r}", rand=self._rand, on_retry=self._retried,
+            logger=log,
+        )
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await self._run("PUT", key, lambda: self.inner.put(key, data))

@@ -9,7 +9,8 @@ More query parameters: `multipart_threshold`, `part_size` (bytes), `connect_time
 `read_timeout`, `timeout` (seconds; `timeout` bounds each request as a whole) and `workers`.
 
 boto3 is blocking, so each request runs in a thread pool owned by the store (one client, which
-is thread-safe). botocore's own retries are off: `RetryingObjectStore` owns retrying, and
+is thread-safe). botocore's own retries are off: `RetryingObjectStore` owns retrying (its policy:
+`s3stream.objectstore.OBJECT_STORE_RETRY`, a `s3stream.retry.RetryPolicy`), and
 every failure is mapped to an `ObjectStoreError` that says whether it is retriable.
 
 Objects above `multipart_threshold` are uploaded in parts, several at a time; a failed upload

@@ -42,7 +42,7 @@ from tests.s3server import (
 
 BUCKET = "floe-unit"
 MiB = 1024 * 1024
-FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.005, max_elapsed=5.0)
+FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.005, deadline=5.0)
 
 
 @pytest.fixture(scope="session")
@@ -316,7 +316,7 @@ async def test_s3_stalled_call_hits_the_timeout(aws_env: None) -> None:
         # botocore's read timeout fires first
         s2 = S3ObjectStore.from_url(base + "&timeout=5&read_timeout=0.3")
         # the retry layer: each attempt times out, the total time stays bounded
-        policy = RetryPolicy(max_attempts=100, base_delay=0.01, max_delay=0.05, max_elapsed=1.0)
+        policy = RetryPolicy(max_attempts=100, base_delay=0.01, max_delay=0.05, deadline=1.0)
         s3 = open_object_store(base + "&timeout=0.2&read_timeout=5", policy)
         for s, limit in ((s1, 2.0), (s2, 2.0), (s3, 3.0)):
             t0 = time.monotonic()
@@ -379,7 +379,7 @@ async def test_retry_attempts_and_time_are_bounded() -> None:
     assert "gave up after 4 attempts" in " ".join(getattr(info.value, "__notes__", []))
 
     inner = FlakyStore(1000, RetryableError("503"))
-    slow = RetryPolicy(max_attempts=1000, base_delay=0.02, max_delay=0.05, max_elapsed=0.3)
+    slow = RetryPolicy(max_attempts=1000, base_delay=0.02, max_delay=0.05, deadline=0.3)
     t0 = time.monotonic()
     with pytest.raises(RetryableError):
         await RetryingObjectStore(inner, slow).put("k", b"v")
