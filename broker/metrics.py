@@ -260,6 +260,11 @@ class FloeCollector(Collector):
                                         "Records sent to the dead-letter topic.", labels=tl),
             "error": GaugeMetricFamily("floe_table_error", "1 while the last attempt failed.",
                                        labels=tl),
+            "retries": CounterMetricFamily(
+                "floe_table_retries",
+                "Writer steps retried after an error (reason=error) and commits rebuilt after "
+                "losing a race to a non-floe commit (reason=commit_conflict).",
+                labels=[*tl, "reason"]),
             "last": GaugeMetricFamily("floe_table_last_commit_timestamp_seconds",
                                       "Time of the last commit.", labels=tl),
             "age": GaugeMetricFamily("floe_table_last_commit_age_seconds",
@@ -285,6 +290,8 @@ class FloeCollector(Collector):
             fams["rows"].add_metric(lv, t["rows"])
             fams["dead"].add_metric(lv, t["dead_letters"])
             fams["error"].add_metric(lv, 1 if t["last_error"] else 0)
+            for reason, n in sorted(t.get("retries", {}).items()):
+                fams["retries"].add_metric([*lv, reason], n)
             if t["last_error"]:
                 fams["info"].add_metric(lv, {"error": str(t["last_error"])[:300]})
             if t["last_commit"] is not None:

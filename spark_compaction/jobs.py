@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from s3stream.retry import RetryPolicy
 from spark_compaction.errors import error_text
 from spark_compaction.names import TableRef, sql_string, table_ref, timestamp_literal
 from spark_compaction.tables import (
@@ -58,21 +58,27 @@ def is_commit_conflict(e: BaseException) -> bool:
     return "CommitFailedException" in text or "Cannot commit rewrite" in text
 
 
+# 0.5 s doubling to 5 s, each wait in [d/2, d]
+COMMIT_RETRY = RetryPolicy(
+    max_attempts=COMMIT_ATTEMPTS, base_delay=0.5, max_delay=5.0, deadline=None, jitter=0.5,
+    retriable=is_commit_conflict, log_level=logging.INFO,
+)
+
+
 def _call(
-    spark: SparkSession, query: str, attempts: int = COMMIT_ATTEMPTS
+    spark: SparkSession, query: str, policy: RetryPolicy = COMMIT_RETRY
 ) -> tuple[list[dict[str, Any]], int]:
     """Run a procedure; when its commit loses to concurrent commits even after Iceberg's own
     retries (a table committed to many times a second), run it again. (rows, attempts used)"""
-    for attempt in range(1, attempts + 1):
-        try:
-            return [r.asDict() for r in spark.sql(query).collect()], attempt
-        except Exception as e:
-            if attempt == attempts or not is_commit_conflict(e):
-                raise
-            wait = min(5.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
-            log.info("commit conflict (attempt %d of %d), again in %.1fs", attempt, attempts, wait)
-            time.sleep(wait)
-    raise AssertionError("unreachable")
+    attempts = 0
+
+    def once() -> list[dict[str, Any]]:
+        nonlocal attempts
+        attempts += 1
+        return [r.asDict() for r in spark.sql(query).collect()]
+
+    rows = policy.run(once, f"Spark procedure {query.split('(', 1)[0]}", logger=log)
+    return rows, attempts
 
 
 def _options(options: Mapping[str, str]) -> str:

@@ -25,8 +25,9 @@ next offset}); every floe commit also writes it into its snapshot's summary. The
 
     Other writers' commits (a Spark rewrite or expiry: new snapshot, same properties) make
     ours fail the snapshot requirement; we reload, check the offsets again (unchanged) and
-    rebuild on the new snapshot, up to `attempts` times. A floe commit by someone else makes
-    the re-check fail: StaleOffsets, the writer restarts from the table's offsets.
+    rebuild on the new snapshot, up to `attempts` times (COMMIT_RETRY: with a short backoff).
+    A floe commit by someone else makes the re-check fail: StaleOffsets, the writer
+    restarts from the table's offsets.
     Outside the model: a rollback of `main` to an older snapshot id (an operator's act, which
     leaves `floe.offsets` pointing past the rows rolled back) and hand edits of `floe.offsets`.
 
@@ -43,7 +44,8 @@ would drop our snapshot requirement. pyiceberg's own post-commit clean-up of old
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -64,6 +66,7 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
+from s3stream.retry import RetryPolicy
 from tabletopic.contract import OFFSETS, offsets_of, snapshot_summary
 from tabletopic.contract import encode_offsets as encode_offsets  # tests import it from here
 
@@ -203,6 +206,20 @@ def discard_files(prepared: Prepared) -> None:
         log.warning("could not delete the files of a failed commit: %r", e)
 
 
+def _is_conflict(e: BaseException) -> bool:
+    return isinstance(e, CommitFailedException)
+
+
+# Lost races against non-floe commits (a Spark rewrite or expiry): reload and rebuild, after a
+# short jittered wait so that two committers do not collide again at once (Iceberg's own
+# commit retries back off too). A race lost to a floe commit is StaleOffsets: not retried.
+COMMIT_ATTEMPTS = 10
+COMMIT_RETRY = RetryPolicy(
+    max_attempts=COMMIT_ATTEMPTS, base_delay=0.05, max_delay=1.0, deadline=None, jitter=0.5,
+    retriable=_is_conflict, log_level=logging.INFO,
+)
+
+
 def commit_offsets(
     catalog: Catalog,
     identifier: tuple[str, str],
@@ -210,21 +227,21 @@ def commit_offsets(
     data: pa.Table | None,
     start: dict[int, int],
     new: dict[int, int],
-    attempts: int = 10,
+    attempts: int = COMMIT_ATTEMPTS,
+    on_retry: Callable[[BaseException], None] | None = None,
 ) -> None:
     """Commit offsets [start, new) exactly once (see the module docstring): on a conflict the
     table is reloaded, the offsets checked again and the commit rebuilt, at most `attempts`
-    times. Raises StaleOffsets, or CommitFailedException when every attempt lost a race."""
-    for attempt in range(1, attempts + 1):
+    times (COMMIT_RETRY; `on_retry` is told of each conflict). Raises StaleOffsets, or the
+    last CommitFailedException when every attempt lost a race."""
+
+    def attempt() -> None:
         prepared = prepare(catalog.load_table(identifier), topic, data, start, new)
-        if prepared is None:
-            return
-        try:
+        if prepared is not None:
             send(catalog, prepared)
-            return
-        except CommitFailedException as e:
-            log.info("table topic %s: commit conflict (%s), attempt %d", topic, e, attempt)
-    raise CommitFailedException(f"table topic {topic}: {attempts} commit attempts lost a race")
+
+    policy = replace(COMMIT_RETRY, max_attempts=attempts)
+    policy.run(attempt, f"table topic {topic}: commit", on_retry=on_retry, logger=log)
 
 
 def covers(table: Table, schema: pa.Schema) -> bool:

@@ -30,6 +30,7 @@ from broker.errors import KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
 from broker.schemaregistry.errors import RegistryError
+from s3stream.retry import RetryPolicy
 from tabletopic.avroconvert import AvroConverter, SchemaById
 from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
@@ -43,6 +44,12 @@ __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
 READ_BYTES = 4 << 20
 MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while commits cannot go through
+# A failed step (catalog or warehouse down, a registry error, ...) is retried forever, everything
+# read kept, after 0.2 s doubling to 5 s (jittered: many table topics share one catalog), back
+# to 0.2 s after a step that worked; the wait ends early when the writer is stopped.
+WRITER_RETRY = RetryPolicy(
+    max_attempts=None, base_delay=0.2, max_delay=5.0, deadline=None, jitter=0.5
+)
 
 
 @dataclass
@@ -82,6 +89,8 @@ class TableWriter:
         self.rows = 0
         self._next_commit = 0.0
         self._stop = asyncio.Event()
+        # steps retried after an error (WRITER_RETRY), commits rebuilt after a lost race
+        self.retries = {"error": 0, "commit_conflict": 0}
 
     @property
     def config(self) -> TableTopicConfig:
@@ -91,7 +100,9 @@ class TableWriter:
         self._stop.set()
 
     async def run(self) -> None:
-        backoff = 0.2
+        tries = WRITER_RETRY.attempts(
+            f"table topic {self.topic}", on_retry=self._retried, logger=log
+        )
         while not self._stop.is_set():
             try:
                 if self.converter is None:
@@ -103,7 +114,7 @@ class TableWriter:
                     await self._commit()
                 elif not progressed:
                     await self._wait()
-                backoff = 0.2
+                tries.reset()
             except StaleOffsets as e:
                 log.warning(
                     "table topic %s: %s; restarting from the table's offsets", self.topic, e
@@ -115,11 +126,15 @@ class TableWriter:
                 raise
             except Exception as e:  # catalog or warehouse down, ...: keep everything, retry
                 self.last_error = f"{type(e).__name__}: {e}"
-                log.warning(
-                    "table topic %s: %s (retrying in %.1fs)", self.topic, self.last_error, backoff
-                )
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                wait = tries.failed(e)
+                assert wait is not None  # WRITER_RETRY retries every error, forever
+                await self._sleep(wait)
+
+    def _retried(self, exc: BaseException) -> None:
+        self.retries["error"] += 1
+
+    def _commit_conflict(self, exc: BaseException) -> None:
+        self.retries["commit_conflict"] += 1  # from the commit's thread: a statistic
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -273,7 +288,10 @@ class TableWriter:
     def _commit_sync(
         self, data: pa.Table | None, start: dict[int, int], new: dict[int, int]
     ) -> None:
-        commit_offsets(self.catalog, self.config.identifier, self.topic, data, start, new)
+        commit_offsets(
+            self.catalog, self.config.identifier, self.topic, data, start, new,
+            on_retry=self._commit_conflict,
+        )
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -312,5 +330,6 @@ class TableWriter:
             "dlq_topic": cfg.dlq_topic,
             "last_commit": self.last_commit,
             "last_error": self.last_error,
+            "retries": dict(self.retries),
             "partitions": parts,
         }

@@ -147,3 +147,15 @@ def test_health_reports_the_last_error_and_recovers() -> None:
             health.PROBE_TIMEOUT_S = old
 
     asyncio.run(timeout())
+
+
+def test_table_topic_retries_by_reason() -> None:
+    status = {
+        "topic": "t", "table": "ns.t", "commits": 2, "rows": 9, "dead_letters": 0,
+        "last_error": None, "last_commit": None,
+        "retries": {"error": 4, "commit_conflict": 1}, "partitions": [],
+    }
+    got = samples(BrokerMetrics(Sources(tables=lambda: [status])))
+    lv = (("table", "ns.t"), ("topic", "t"))  # labels sorted by name
+    assert got[("floe_table_retries_total", (("reason", "error"), *lv))] == 4
+    assert got[("floe_table_retries_total", (("reason", "commit_conflict"), *lv))] == 1

@@ -167,3 +167,47 @@ def test_attempts_for_a_loop_reset_after_progress() -> None:
     assert waits == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
     tries.reset()
     assert tries.failed(RuntimeError()) == pytest.approx(0.2)
+
+
+# -- the sites that use it ------------------------------------------------------------------
+class FakeSpark:
+    """spark.sql(query).collect() raising errors[i] on call i, then returning one row."""
+
+    class Row:
+        def asDict(self) -> dict[str, int]:  # pyspark's name
+            return {"rewritten": 3}
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def sql(self, query: str) -> FakeSpark:
+        self.calls += 1
+        return self
+
+    def collect(self) -> list[FakeSpark.Row]:
+        if self.errors:
+            raise self.errors.pop(0)
+        return [self.Row()]
+
+
+def test_spark_procedures_are_rerun_after_commit_conflicts_only() -> None:
+    from dataclasses import replace
+
+    from spark_compaction.jobs import COMMIT_ATTEMPTS, COMMIT_RETRY, _call
+
+    quick = replace(COMMIT_RETRY, base_delay=0.0, max_delay=0.0)
+    conflict = RuntimeError("org.apache.iceberg.exceptions.CommitFailedException: lost")
+    spark = FakeSpark(conflict, conflict)
+    assert _call(spark, "CALL x.system.rewrite_data_files(t)", quick) == (  # type: ignore[arg-type]
+        [{"rewritten": 3}], 3
+    )
+    spark = FakeSpark(*[conflict] * 10)
+    with pytest.raises(RuntimeError):
+        _call(spark, "CALL x", quick)  # type: ignore[arg-type]
+    assert spark.calls == COMMIT_ATTEMPTS == 5
+    spark = FakeSpark(RuntimeError("AnalysisException: no such table"))
+    with pytest.raises(RuntimeError, match="no such table"):
+        _call(spark, "CALL x", quick)  # type: ignore[arg-type]
+    assert spark.calls == 1
+    assert COMMIT_RETRY.delay(10, 1.0) == 5.0  # the cap holds, jitter included

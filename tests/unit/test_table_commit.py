@@ -172,6 +172,40 @@ def test_a_compaction_between_read_and_commit_neither_loses_nor_duplicates(
     assert_exactly_once(wh.catalog)
 
 
+def test_conflicts_with_other_commits_are_retried_up_to_the_limit(wh: Warehouse) -> None:
+    """Every attempt loses to a compaction (a Spark rewrite each time): after `attempts`
+    attempts the last CommitFailedException is raised, each retry reported to on_retry; with
+    one compaction only, the commit lands on the second attempt."""
+    commit(wh.catalog, 0, 5)
+    compactions: list[int] = []
+
+    def compact() -> None:
+        compactions.append(1)
+        t = wh.catalog.load_table(IDENT)
+        t.overwrite(t.scan().to_arrow())
+
+    a = hooked(wh)
+    retried: list[BaseException] = []
+
+    def rearm(e: BaseException) -> None:
+        retried.append(e)
+        a.before_commit = compact
+
+    a.before_commit = compact
+    with pytest.raises(CommitFailedException) as info:
+        commit_offsets(a, IDENT, "t", rows(5, 10), {0: 5}, {0: 10}, attempts=3, on_retry=rearm)
+    assert len(compactions) == 3 and len(retried) == 2
+    assert "gave up after 3 attempts" in " ".join(info.value.__notes__)
+    assert table_offsets(wh.catalog.load_table(IDENT)) == {0: 5}
+
+    retried.clear()
+    a.before_commit = compact
+    commit_offsets(a, IDENT, "t", rows(5, TOPIC_END), {0: 5}, {0: TOPIC_END},
+                   on_retry=retried.append)
+    assert len(retried) == 1 and isinstance(retried[0], CommitFailedException)
+    assert_exactly_once(wh.catalog)
+
+
 def test_a_lost_commit_leaves_no_files_behind(wh: Warehouse) -> None:
     """The loser's data files are deleted (the commit certainly did not land), and a sweep of
     age 0 afterwards finds no orphans while every live file survives."""
