@@ -208,7 +208,13 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
             "string",
             "raw",
             "how values become columns",
-            choices=("raw", "string", "json", "by_schema_id"),
+            choices=("raw", "string", "json", "by_schema_id", "by_latest_schema"),
+        ),
+        ConfigDef(
+            "table.topic.convert.value.subject",
+            "string",
+            "",
+            "by_latest_schema: the Schema Registry subject (default <topic>-value)",
         ),
         ConfigDef(
             "table.topic.errors.tolerance",

@@ -24,9 +24,10 @@ class TableTopicConfig:
     commit_interval_s: float
     commit_max_records: int
     commit_max_bytes: int
-    value_type: str  # raw | string | json | by_schema_id (Avro)
+    value_type: str  # raw | string | json | by_schema_id | by_latest_schema
     tolerance: str  # none | invalid_data | all
     dlq_topic: str
+    value_subject: str = ""  # by_latest_schema: the subject whose latest version reads values
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -52,4 +53,5 @@ class TableTopicConfig:
             value_type=str(get("convert.value.type")),
             tolerance=str(get("errors.tolerance")),
             dlq_topic=str(get("dlq.topic")) or f"{topic}.dlq",
+            value_subject=str(get("convert.value.subject")) or f"{topic}-value",
         )

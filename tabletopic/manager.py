@@ -11,9 +11,9 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from broker.engine import StorageEngine
-from tabletopic.avroconvert import SchemaById
 from tabletopic.config import TableTopicConfig
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
+from tabletopic.schemaconvert import SchemaById
 from tabletopic.writer import TableWriter
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,6 @@ from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
 from broker.schemaregistry.errors import RegistryError
 from s3stream.retry import RetryPolicy
-from tabletopic.avroconvert import AvroConverter, SchemaById
 from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS
@@ -39,6 +38,7 @@ from tabletopic.contract import table_properties as floe_table_properties
 from tabletopic.convert import Converter, Invalid
 from tabletopic.dlq import DeadLetters
 from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
+from tabletopic.schemaconvert import SchemaById, SchemaConverter, StoredSchemaLike
 
 __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class TableWriter:
         orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
         schemas: SchemaById | None = None,
     ) -> None:
-        """schemas: the Schema Registry (by_schema_id values); None when it is off."""
+        """schemas: the Schema Registry (by_schema_id / by_latest_schema); None when off."""
         self.topic = topic
         self.schemas = schemas
         self.orphan_min_age_s = orphan_min_age_s
@@ -81,7 +81,7 @@ class TableWriter:
         self.storage = storage
         self.catalog = catalog
         self.parts: dict[int, PartitionState] = {}
-        self.converter: Converter | AvroConverter | None = None
+        self.converter: Converter | SchemaConverter | None = None
         self.dlq: DeadLetters | None = None
         self.last_commit: float | None = None
         self.last_error: str | None = None
@@ -147,8 +147,8 @@ class TableWriter:
         offsets = table_offsets(table)
         known = table.schema().as_arrow()
         self.converter = (
-            AvroConverter(known)
-            if cfg.value_type == "by_schema_id"
+            SchemaConverter(cfg.value_type, known)
+            if cfg.value_type in ("by_schema_id", "by_latest_schema")
             else Converter(cfg.value_type, known)
         )
         self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
@@ -211,7 +211,7 @@ class TableWriter:
                 last = h.next_offset
             if not data:
                 continue
-            if isinstance(self.converter, AvroConverter):
+            if isinstance(self.converter, SchemaConverter):
                 await self._fetch_schemas(self.converter, recs)
             table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
             if dead and cfg.tolerance == "none":
@@ -230,10 +230,28 @@ class TableWriter:
             progressed = True
         return progressed
 
-    async def _fetch_schemas(self, conv: AvroConverter, recs: list[Record]) -> None:
-        """Give the converter every writer schema these records name. An id the registry does
-        not hold (40403) or a registry that is off makes those records invalid (the reason goes
-        to the DLQ); any other registry error is raised: the writer retries, nothing is lost."""
+    async def _fetch_schemas(self, conv: SchemaConverter, recs: list[Record]) -> None:
+        """Give the converter every writer schema these records need: their ids (by_schema_id)
+        or the subject's latest version (by_latest_schema), with the schemas they reference.
+        What the registry does not hold (40401/40402/40403) or a registry that is off makes
+        those records invalid (the reason goes to the DLQ); any other registry error is
+        raised: the writer retries, nothing is lost."""
+        if conv.value_type == "by_latest_schema":
+            subject = self.config.value_subject
+            if self.schemas is None:
+                conv.latest, conv.latest_error = None, "the schema registry is off"
+                return
+            try:
+                latest = (await self.schemas.get_version(subject, "latest")).schema
+            except RegistryError as e:
+                if e.code not in (40401, 40402):
+                    raise
+                conv.latest, conv.latest_error = None, f"no schema for subject {subject!r}"
+                return
+            if latest.id not in conv.schemas:
+                await self._add_schema(conv, latest)
+            conv.latest = latest.id
+            return
         for sid in sorted(conv.missing_ids(recs)):
             if self.schemas is None:
                 conv.add_unknown(sid, "the schema registry is off (--schema-registry)")
@@ -245,7 +263,33 @@ class TableWriter:
                     raise
                 conv.add_unknown(sid, "not in the schema registry")
                 continue
-            conv.add_schema(sid, s.schema_type, s.schema, len(s.references))
+            await self._add_schema(conv, s)
+
+    async def _add_schema(self, conv: SchemaConverter, s: StoredSchemaLike) -> None:
+        """Hand a schema to the converter with its references, dependencies first."""
+        registry = self.schemas
+        assert registry is not None
+        deps: list[tuple[str, str]] = []
+        seen: set[int] = set()
+
+        async def walk(refs: tuple[Any, ...], depth: int) -> None:
+            for ref in refs:
+                if depth > 32:
+                    raise RegistryError(422, 42201, "references nested too deeply")
+                target = (await registry.get_version(ref.subject, str(ref.version))).schema
+                if target.id not in seen:
+                    seen.add(target.id)
+                    await walk(target.references, depth + 1)
+                    deps.append((ref.name, target.schema))
+
+        try:
+            await walk(s.references, 0)
+        except RegistryError as e:
+            if e.code not in (40401, 40402, 42201):
+                raise
+            conv.add_unknown(s.id, f"a reference cannot be read: {e}")
+            return
+        conv.add_schema(s.id, s.schema_type, s.schema, deps)
 
     def _commit_due(self) -> bool:
         cfg = self.config

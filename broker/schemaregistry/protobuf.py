@@ -82,10 +82,20 @@ def parse_protobuf(text: str, deps: list[tuple[str, str]]
     return descriptor_pb2.FileDescriptorProto.FromString(compile_(text, tuple(deps)))
 
 
+def descriptor_pool_of(text: str, deps: list[tuple[str, str]]
+                       ) -> tuple[descriptor_pb2.FileDescriptorProto,
+                                  descriptor_pool.DescriptorPool]:
+    """The file descriptor of a schema (as `parse_protobuf`) and a descriptor pool holding it,
+    its references and the well-known types it imports (table topics decode messages with
+    it); RegistryError 42201 if invalid."""
+    fd = parse_protobuf(text, deps)
+    return fd, _check_descriptor(fd, deps)
+
+
 def _check_descriptor(fd: descriptor_pb2.FileDescriptorProto, deps: list[tuple[str, str]]
-                      ) -> None:
+                      ) -> descriptor_pool.DescriptorPool:
     """42201 unless fd builds in a descriptor pool holding its references (as named) and the
-    well-known types it imports: every type it names must exist."""
+    well-known types it imports: every type it names must exist. Returns that pool."""
     pool = descriptor_pool.DescriptorPool()
     added: set[str] = set()
 
@@ -113,6 +123,7 @@ def _check_descriptor(fd: descriptor_pb2.FileDescriptorProto, deps: list[tuple[s
         add(fd)
     except (TypeError, ValueError, KeyError) as e:
         raise invalid_schema(f"descriptor does not build: {e}") from None
+    return pool
 
 
 def serialized(fd: descriptor_pb2.FileDescriptorProto) -> str:

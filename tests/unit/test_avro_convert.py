@@ -1,5 +1,6 @@
-"""Avro (Confluent wire format) -> Arrow for table topics (tabletopic.avroconvert): every type,
-evolution across writer schemas, and what goes to the dead-letter topic."""
+"""Avro (Confluent wire format) -> Arrow for table topics (tabletopic.avroconvert through
+tabletopic.schemaconvert): every type, evolution across writer schemas, references, and what
+goes to the dead-letter topic."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pyarrow as pa
 import pytest
 
 from broker.protocol.recordcodec import Record
-from tabletopic.avroconvert import AvroConverter, widen
 from tabletopic.convert import Conflict
+from tabletopic.schemaconvert import SchemaConverter as AvroConverter
+from tabletopic.typeconvert import widen
 
 ALL = {
     "type": "record",
@@ -133,7 +135,7 @@ def test_bad_records_are_invalid_with_reason() -> None:
     c = AvroConverter()
     c.add_schema(1, "AVRO", json.dumps(s))
     c.add_unknown(9, "not in the schema registry")
-    c.add_schema(3, "JSON", '{"type": "object"}')
+    c.add_schema(3, "XML", "<schema/>")
     c.add_schema(4, "AVRO", json.dumps({"type": "record", "name": "U", "fields": [
         {"name": "u", "type": ["int", "string"]}]}))
     good = wire(1, s, {"a": 5})
@@ -146,14 +148,14 @@ def test_bad_records_are_invalid_with_reason() -> None:
     reasons = {d.record.offset: d.reason for d in dead}
     assert "wire format" in reasons[0]
     assert "not in the schema registry" in reasons[1]
-    assert "invalid Avro" in reasons[2]
-    assert "only Avro" in reasons[3]
+    assert "schema id 1: cannot decode" in reasons[2]
+    assert "unknown schema type XML" in reasons[3]
     assert "union of 2 non-null" in reasons[4]
 
 
 def test_missing_ids_and_restart_from_table_schema() -> None:
     s = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
-    c = AvroConverter(pa.schema([pa.field("a", pa.int64())]))
+    c = AvroConverter(known=pa.schema([pa.field("a", pa.int64())]))
     assert c.missing_ids([rec(0, wire(7, s, {"a": 1})), rec(1, b"x")]) == {7}
     c.add_schema(7, "AVRO", json.dumps(s))
     table, _ = c.convert(0, [rec(0, wire(7, s, {"a": 1}))])
@@ -165,8 +167,12 @@ def test_widen() -> None:
     assert widen(pa.float64(), pa.float32()) == pa.float64()
     with pytest.raises(Conflict):
         widen(pa.int64(), pa.float64())
+    assert widen(pa.decimal128(10, 2), pa.decimal128(12, 2)) == pa.decimal128(12, 2)
+    assert widen(pa.decimal128(12, 2), pa.decimal128(10, 2)) == pa.decimal128(12, 2)
     with pytest.raises(Conflict):
-        widen(pa.decimal128(10, 2), pa.decimal128(12, 2))
+        widen(pa.decimal128(10, 2), pa.decimal128(12, 3))
+    with pytest.raises(Conflict):
+        widen(pa.map_(pa.string(), pa.int64()), pa.map_(pa.int32(), pa.int64()))
 
 
 def test_table_schema_read_back_matches_after_restart(tmp_path: Any) -> None:
@@ -187,8 +193,32 @@ def test_table_schema_read_back_matches_after_restart(tmp_path: Any) -> None:
     t.append(table)
     t = cat.load_table(("d", "all"))
     assert covers(t, table.schema)
-    again = AvroConverter(t.schema().as_arrow())
+    again = AvroConverter(known=t.schema().as_arrow())
     assert again.fields == c.fields
     again.add_schema(1, "AVRO", json.dumps(ALL))
     t2, dead = again.convert(0, [rec(1, wire(1, ALL, VALUE))])
     assert dead == [] and t2 is not None and t2.schema == table.schema
+
+
+def test_references_and_named_types_used_again() -> None:
+    """A record type defined in a referenced schema, and a named type used twice by name."""
+    addr = {"type": "record", "name": "Addr", "namespace": "n", "fields": [
+        {"name": "zip", "type": "string"}]}
+    main = {"type": "record", "name": "R", "namespace": "n", "fields": [
+        {"name": "home", "type": "n.Addr"}, {"name": "work", "type": ["null", "n.Addr"]}]}
+    c = AvroConverter()
+    c.add_schema(5, "AVRO", json.dumps(main), [("n.Addr", json.dumps(addr))])
+    named: dict[str, Any] = {}
+    fastavro.parse_schema(addr, named_schemas=named)
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(main, named_schemas=named),
+                               {"home": {"zip": "1"}, "work": None})
+    table, dead = c.convert(0, [rec(0, b"\x00\x00\x00\x00\x05" + buf.getvalue())])
+    assert dead == [] and table is not None
+    assert table.to_pylist()[0]["home"] == {"zip": "1"}
+    assert table.schema.field("work").type == pa.struct([pa.field("zip", pa.string())])
+    recursive = {"type": "record", "name": "Node", "fields": [
+        {"name": "next", "type": ["null", "Node"]}]}
+    c.add_schema(6, "AVRO", json.dumps(recursive))
+    _t, dead = c.convert(0, [rec(1, b"\x00\x00\x00\x00\x06\x00")])
+    assert "recursive" in dead[0].reason
