@@ -1,20 +1,30 @@
 """What every API handler shares: the registry, the broker context, response building.
 
-A handler is `async def handle(ctx, head, request) -> response | Later`. Its body up to the
-return runs in the connection's request order (so produce appends keep the producer's order);
-returning `Later(coroutine)` lets the slow part (waiting for durability, long-poll fetches)
-overlap with the next requests, while responses still leave in request order.
+A handler is `async def handle(ctx, head, request) -> response | Later | NO_RESPONSE`, typed
+with its API's request and response unions from broker/handlers/apitypes.py (kio's schema
+classes of the versions it serves). Its body up to the return runs in the connection's request
+order (so produce appends keep the producer's order); returning `Later(coroutine)` lets the
+slow part (waiting for durability, long-poll fetches) overlap with the next requests, while
+responses still leave in request order.
+
+Response classes differ by version, so `build` drops the values a version has no field for;
+a value named after no field of that class in any served version is a programming error and
+raises `UnknownFieldError`, as does `nested` for a class name no served version has.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import sys
+import enum
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Final, Generic, Literal, TypeAlias, TypeVar, cast
+
+from kio.index import load_entity_module
+from kio.schema.index import api_key_map, schema_name_map
+from kio.static.constants import EntityType
 
 from broker.config import Settings
 from broker.engine import StorageEngine
@@ -23,16 +33,38 @@ from broker.groups.offsets import OffsetStore
 from broker.protocol.codec import RequestHead, response_type
 from broker.schemavalidation import SchemaValidator
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 ZERO_MS = datetime.timedelta(0)
 
+Rq = TypeVar("Rq")
+Rs = TypeVar("Rs")
+T = TypeVar("T", bound="DataclassInstance")
+Kind: TypeAlias = Literal[EntityType.request, EntityType.response]
+Entity: TypeAlias = "DataclassInstance"  # a nested schema object (`build(nested(...), ...)`)
 
-class Later:
+
+class UnknownFieldError(TypeError):
+    """A response value or class named after nothing in any served version of the API."""
+
+
+class Later(Generic[Rs]):
     """A response that will be ready when the coroutine finishes."""
 
     __slots__ = ("coro",)
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def __init__(self, coro: Coroutine[object, object, Rs]) -> None:
         self.coro = coro
+
+
+class _NoResponse(enum.Enum):
+    token = 0
+
+
+NO_RESPONSE: Final = _NoResponse.token  # Produce with acks=0: Kafka sends nothing back
+NoResponse: TypeAlias = Literal[_NoResponse.token]
+Reply: TypeAlias = Rs | Later[Rs] | NoResponse
 
 
 @dataclass
@@ -51,7 +83,17 @@ class BrokerContext:
         return float(self.settings["fetch.max.wait.cap.ms"]) / 1000
 
 
-Handler = Callable[[BrokerContext, RequestHead, Any], Awaitable[Any]]
+class ApiTypes(Generic[Rq, Rs]):
+    """An API key with its request and response types (unions over the served versions)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+
+TypedHandler: TypeAlias = Callable[[BrokerContext, RequestHead, Rq], Awaitable[Reply[Rs]]]
+Handler: TypeAlias = Callable[[BrokerContext, RequestHead, object], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -65,41 +107,119 @@ class Api:
 REGISTRY: dict[int, Api] = {}
 
 
-def api(key: int, min_version: int, max_version: int) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        REGISTRY[key] = Api(key, min_version, max_version, fn)
+def api(
+    types: ApiTypes[Rq, Rs], min_version: int, max_version: int
+) -> Callable[[TypedHandler[Rq, Rs]], TypedHandler[Rq, Rs]]:
+    """Register the handler of `types.key` for versions min_version..max_version."""
+
+    def register(fn: TypedHandler[Rq, Rs]) -> TypedHandler[Rq, Rs]:
+        # The one place a request's type is taken on trust: decode_request hands the handler
+        # of key K, for a version v in its range, an instance of kio's request class of (K, v),
+        # and tests/unit/test_apitypes.py checks that Rq is exactly the union of those classes.
+        REGISTRY[types.key] = Api(types.key, min_version, max_version, cast(Handler, fn))
         return fn
 
     return register
 
 
+def _served_versions(api_key: int) -> range:
+    registered = REGISTRY.get(api_key)
+    if registered is not None:
+        return range(registered.min_version, registered.max_version + 1)
+    known = schema_name_map[api_key_map[api_key]]
+    return range(min(known), max(known) + 1)
+
+
+_KEYS = {name: key for key, name in api_key_map.items()}
+
+
+def _place(cls: type) -> tuple[int, int, Kind]:
+    """(api key, version, request or response) of a kio schema class, from its module's
+    path: kio.schema.<api>.v<version>.<request|response>."""
+    parts = cls.__module__.split(".")
+    if len(parts) != 5 or parts[:2] != ["kio", "schema"] or parts[2] not in _KEYS:
+        raise UnknownFieldError(f"{cls.__qualname__} is not a kio schema class")
+    kind: Kind = EntityType.request if parts[4] == "request" else EntityType.response
+    return _KEYS[parts[2]], int(parts[3].removeprefix("v")), kind
+
+
+def _classes(api_key: int, kind: Kind, name: str) -> list[type[DataclassInstance]]:
+    """The class called `name` in the schema module of every served version that has it."""
+    out = []
+    for v in _served_versions(api_key):
+        cls = getattr(load_entity_module(api_key_map[api_key], v, kind), name, None)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            out.append(cls)
+    return out
+
+
 @cache
-def _field_names(cls: Any) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+def _fields(cls: type[DataclassInstance]) -> tuple[frozenset[str], frozenset[str]]:
+    """(this class's field names, the field names of its namesakes in every served version)."""
+    own = frozenset(f.name for f in dataclasses.fields(cls))
+    api_key, _version, kind = _place(cls)
+    everywhere = set(own)
+    for other in _classes(api_key, kind, cls.__name__):
+        everywhere.update(f.name for f in dataclasses.fields(other))
+    return own, frozenset(everywhere)
 
 
-def build(cls: Any, **values: Any) -> Any:
-    """Instantiate a schema class with the values its version has (others are dropped)."""
-    names = _field_names(cls)
-    return cls(**{k: v for k, v in values.items() if k in names})
+def build(cls: type[T], **values: object) -> T:
+    """Instantiate a schema class with the values its version has fields for (the others
+    are dropped); a value no served version of the class has a field for raises."""
+    own, everywhere = _fields(cls)
+    kept = {k: v for k, v in values.items() if k in own}
+    if len(kept) != len(values):
+        unknown = sorted(k for k in values if k not in everywhere)
+        if unknown:
+            raise UnknownFieldError(
+                f"{cls.__name__} has no field {', '.join(unknown)} in any served version"
+            )
+    return cls(**kept)
 
 
-def has_field(cls: Any, name: str) -> bool:
-    return name in _field_names(cls)
+def has_field(cls: type[DataclassInstance], name: str) -> bool:
+    return name in _fields(cls)[0]
 
 
 @cache
-def schema_class(api_key: int, version: int, name: str) -> type[Any]:
+def _response_classes(api_key: int, name: str) -> dict[int, type[DataclassInstance]]:
+    found = {_place(cls)[1]: cls for cls in _classes(api_key, EntityType.response, name)}
+    if not found:
+        raise UnknownFieldError(
+            f"no served version of api {api_key}'s response has a class {name!r}"
+        )
+    return found
+
+
+def schema_class(api_key: int, version: int, name: str) -> type[DataclassInstance]:
     """A nested class of an API's response schema at a version, e.g. 'MetadataResponseTopic'."""
-    mod = sys.modules[response_type(api_key, version).__module__]
-    cls = getattr(mod, name)
-    assert isinstance(cls, type)
+    found = nested_class_or_none(api_key, version, name)
+    if found is None:
+        raise UnknownFieldError(f"api {api_key} v{version}'s response has no class {name!r}")
+    return found
+
+
+def nested_class_or_none(api_key: int, version: int, name: str) -> type[DataclassInstance] | None:
+    """The class, or None at a version without it (a name no served version has raises)."""
+    return _response_classes(api_key, name).get(version)
+
+
+def response_class(types: ApiTypes[Rq, Rs], version: int) -> type[Rs]:
+    cls: type[Rs] = response_type(types.key, version)
     return cls
 
 
-def resp(head: RequestHead) -> type[Any]:
-    return response_type(head.api_key, head.api_version)
+def resp(head: RequestHead, types: ApiTypes[Rq, Rs]) -> type[Rs]:
+    """The response class of the request's version."""
+    if head.api_key != types.key:
+        raise UnknownFieldError(f"api {head.api_key} answered with api {types.key}'s response")
+    return response_class(types, head.api_version)
 
 
-def nested(head: RequestHead, name: str) -> type[Any]:
+def nested(head: RequestHead, name: str) -> type[DataclassInstance]:
     return schema_class(head.api_key, head.api_version, name)
+
+
+def nested_or_none(head: RequestHead, name: str) -> type[DataclassInstance] | None:
+    return nested_class_or_none(head.api_key, head.api_version, name)

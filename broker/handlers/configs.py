@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+
+from kio.schema.describe_configs.v1 import request as describe_configs_v1
+from kio.schema.describe_configs.v2 import request as describe_configs_v2
 
 from broker.config import (
     BROKER_CONFIGS,
@@ -12,7 +15,18 @@ from broker.config import (
     canonical_topic_config,
 )
 from broker.errors import ErrorCode, KafkaError
-from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.apitypes import (
+    ALTER_CONFIGS,
+    DESCRIBE_CONFIGS,
+    INCREMENTAL_ALTER_CONFIGS,
+    AlterConfigsRequest,
+    AlterConfigsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+)
+from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 TOPIC, BROKER = 2, 4
@@ -31,17 +45,17 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 def _entry(
     head: RequestHead,
-    req: Any,
+    req: DescribeConfigsRequest,
     d: ConfigDef,
     value: str | None,
     source: int,
     read_only: bool,
     chain: tuple[tuple[str, str | None, int], ...] | None = None,
-) -> Any:
+) -> Entity:
     """One config of a DescribeConfigs answer; `chain` lists its synonyms, most specific
     first (name, value, source), like Kafka's (default: this key at `source`, then default)."""
-    synonyms: tuple[Any, ...] = ()
-    if getattr(req, "include_synonyms", False):
+    synonyms: tuple[Entity, ...] = ()
+    if req.include_synonyms:
         syn = nested(head, "DescribeConfigsSynonym")
         if chain is None:
             chain = ((d.name, value, source),)
@@ -54,19 +68,26 @@ def _entry(
         value=value,
         read_only=read_only,
         config_source=source,
-        is_default=source == SOURCE_DEFAULT,
         is_sensitive=False,
         synonyms=synonyms,
         config_type=CONFIG_TYPES.get(d.type, 0),
-        documentation=d.doc or None if getattr(req, "include_documentation", False) else None,
+        documentation=d.doc or None if _wants_documentation(req) else None,
     )
 
 
-@api(32, 1, 4)
-async def describe_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+def _wants_documentation(req: DescribeConfigsRequest) -> bool:
+    old = describe_configs_v1.DescribeConfigsRequest | describe_configs_v2.DescribeConfigsRequest
+    return not isinstance(req, old) and req.include_documentation
+
+
+@api(DESCRIBE_CONFIGS, 1, 4)
+async def describe_configs(
+    ctx: BrokerContext, head: RequestHead, req: DescribeConfigsRequest
+) -> DescribeConfigsResponse:
     results = []
     for r in req.resources:
-        code, message, entries = ErrorCode.none, None, []
+        code, message = ErrorCode.none, None
+        entries: list[Entity] = []
         keys = set(r.configuration_keys) if r.configuration_keys is not None else None
         try:
             if r.resource_type == TOPIC:
@@ -110,12 +131,16 @@ async def describe_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> A
                 configs=tuple(entries),
             )
         )
-    return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))
+    return build(resp(head, DESCRIBE_CONFIGS), throttle_time=ZERO_MS, results=tuple(results))
 
 
 def _topic_entry(
-    ctx: BrokerContext, head: RequestHead, req: Any, configs: dict[str, str], d: ConfigDef
-) -> Any:
+    ctx: BrokerContext,
+    head: RequestHead,
+    req: DescribeConfigsRequest,
+    configs: dict[str, str],
+    d: ConfigDef,
+) -> Entity:
     """A topic config as Kafka describes it: set on the topic (TOPIC_CONFIG), else from its
     broker synonym (e.g. message.max.bytes: STATIC_BROKER_CONFIG if the broker setting was
     given, else DEFAULT_CONFIG with the broker's default)."""
@@ -134,7 +159,7 @@ def _topic_entry(
     return _entry(head, req, d, value, source, False, tuple(chain))
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):
@@ -142,29 +167,34 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: bool) -> Any:
+# (resource type, resource name, [(config name, operation, value)]) of an Alter request
+Changes = Sequence[tuple[int, str, Sequence[tuple[str, int, str | None]]]]
+
+
+async def _alter(
+    ctx: BrokerContext, head: RequestHead, changes: Changes, validate_only: bool, incremental: bool
+) -> tuple[Entity, ...]:
     results = []
-    for r in req.resources:
+    for resource_type, resource_name, configs_given in changes:
         code, message = ErrorCode.none, None
         try:
-            if r.resource_type != TOPIC:
+            if resource_type != TOPIC:
                 raise KafkaError(
                     ErrorCode.invalid_request,
                     "only topic configs can be altered (broker settings are static)",
                 )
-            topic = ctx.storage.topic(r.resource_name)
+            topic = ctx.storage.topic(resource_name)
             configs = dict(topic.configs) if incremental else {}
-            for c in r.configs:
-                op = c.config_operation if incremental else SET
-                name = canonical_topic_config(c.name)
+            for given_name, op, value in configs_given:
+                name = canonical_topic_config(given_name)
                 if name not in TOPIC_CONFIGS:
                     raise KafkaError(
-                        ErrorCode.invalid_config, f"Unknown topic config name: {c.name}"
+                        ErrorCode.invalid_config, f"Unknown topic config name: {given_name}"
                     )
                 if op == SET:
-                    if c.value is None:
-                        raise KafkaError(ErrorCode.invalid_config, f"null value for {c.name}")
-                    configs[name] = c.value
+                    if value is None:
+                        raise KafkaError(ErrorCode.invalid_config, f"null value for {given_name}")
+                    configs[name] = value
                 elif op == DELETE:
                     configs.pop(name, None)
                 elif op in (APPEND, SUBTRACT):
@@ -172,10 +202,10 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
                     if d.type != "list":
                         raise KafkaError(
                             ErrorCode.invalid_config,
-                            f"{c.name} is not a list; cannot APPEND/SUBTRACT",
+                            f"{given_name} is not a list; cannot APPEND/SUBTRACT",
                         )
                     current = [v for v in configs.get(name, d.default or "").split(",") if v]
-                    values = [v for v in (c.value or "").split(",") if v]
+                    values = [v for v in (value or "").split(",") if v]
                     if op == APPEND:
                         current += [v for v in values if v not in current]
                     else:
@@ -183,7 +213,7 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
                     configs[name] = ",".join(current)
                 else:
                     raise KafkaError(ErrorCode.invalid_request, f"config operation {op}")
-            await ctx.storage.set_topic_configs(r.resource_name, configs, req.validate_only)
+            await ctx.storage.set_topic_configs(resource_name, configs, validate_only)
         except KafkaError as e:
             code, message = e.code, e.message
         results.append(
@@ -191,18 +221,36 @@ async def _alter(ctx: BrokerContext, head: RequestHead, req: Any, incremental: b
                 nested(head, "AlterConfigsResourceResponse"),
                 error_code=code,
                 error_message=message,
-                resource_type=r.resource_type,
-                resource_name=r.resource_name,
+                resource_type=resource_type,
+                resource_name=resource_name,
             )
         )
-    return build(resp(head), throttle_time=ZERO_MS, responses=tuple(results))
+    return tuple(results)
 
 
-@api(44, 0, 1)
-async def incremental_alter_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
-    return await _alter(ctx, head, req, incremental=True)
+@api(INCREMENTAL_ALTER_CONFIGS, 0, 1)
+async def incremental_alter_configs(
+    ctx: BrokerContext, head: RequestHead, req: IncrementalAlterConfigsRequest
+) -> IncrementalAlterConfigsResponse:
+    changes = [
+        (
+            r.resource_type,
+            r.resource_name,
+            [(c.name, c.config_operation, c.value) for c in r.configs],
+        )
+        for r in req.resources
+    ]
+    results = await _alter(ctx, head, changes, req.validate_only, incremental=True)
+    return build(resp(head, INCREMENTAL_ALTER_CONFIGS), throttle_time=ZERO_MS, responses=results)
 
 
-@api(33, 0, 2)
-async def alter_configs(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
-    return await _alter(ctx, head, req, incremental=False)
+@api(ALTER_CONFIGS, 0, 2)
+async def alter_configs(
+    ctx: BrokerContext, head: RequestHead, req: AlterConfigsRequest
+) -> AlterConfigsResponse:
+    changes = [
+        (r.resource_type, r.resource_name, [(c.name, SET, c.value) for c in r.configs])
+        for r in req.resources
+    ]
+    results = await _alter(ctx, head, changes, req.validate_only, incremental=False)
+    return build(resp(head, ALTER_CONFIGS), throttle_time=ZERO_MS, responses=results)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from broker.errors import ErrorCode, KafkaError
+from broker.handlers.apitypes import DELETE_RECORDS, DeleteRecordsRequest, DeleteRecordsResponse
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 
-@api(21, 0, 2)
-async def delete_records(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(DELETE_RECORDS, 0, 2)
+async def delete_records(
+    ctx: BrokerContext, head: RequestHead, req: DeleteRecordsRequest
+) -> DeleteRecordsResponse:
     storage = ctx.storage
     part_cls = nested(head, "DeleteRecordsPartitionResult")
     topic_cls = nested(head, "DeleteRecordsTopicResult")
@@ -29,4 +30,4 @@ async def delete_records(ctx: BrokerContext, head: RequestHead, req: Any) -> Any
                 )
             )
         topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
-    return build(resp(head), throttle_time=ZERO_MS, topics=tuple(topics))
+    return build(resp(head, DELETE_RECORDS), throttle_time=ZERO_MS, topics=tuple(topics))

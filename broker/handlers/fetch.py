@@ -4,22 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from broker.errors import ErrorCode, KafkaError
-from broker.handlers.base import ZERO_MS, BrokerContext, Later, api, build, nested, resp
+from broker.handlers.apitypes import (
+    FETCH,
+    LIST_OFFSETS,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
+from broker.handlers.base import ZERO_MS, BrokerContext, Later, Reply, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 
-@api(1, 4, 12)
-async def fetch(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(FETCH, 4, 12)
+async def fetch(
+    ctx: BrokerContext, head: RequestHead, req: FetchRequest
+) -> Reply[FetchResponse]:
     wait_s = min(max(req.max_wait.total_seconds(), 0.0), ctx.max_wait_cap_s)
     return Later(_fetch(ctx, head, req, wait_s))
 
 
-async def _fetch(ctx: BrokerContext, head: RequestHead, req: Any, wait_s: float) -> Any:
+async def _fetch(
+    ctx: BrokerContext, head: RequestHead, req: FetchRequest, wait_s: float
+) -> FetchResponse:
     deadline = time.monotonic() + wait_s
-    keys = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
+    keys: list[tuple[str, int]] = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
     while True:
         response, size, errors = await _collect(ctx, head, req)
         remaining = deadline - time.monotonic()
@@ -28,7 +39,9 @@ async def _fetch(ctx: BrokerContext, head: RequestHead, req: Any, wait_s: float)
         await ctx.storage.wait_for_data(keys, remaining)
 
 
-async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any, int, bool]:
+async def _collect(
+    ctx: BrokerContext, head: RequestHead, req: FetchRequest
+) -> tuple[FetchResponse, int, bool]:
     storage = ctx.storage
     part_cls = nested(head, "PartitionData")
     topic_cls = nested(head, "FetchableTopicResponse")
@@ -70,7 +83,7 @@ async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any
             )
         topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
     response = build(
-        resp(head),
+        resp(head, FETCH),
         throttle_time=ZERO_MS,
         error_code=ErrorCode.none,
         session_id=0,
@@ -79,8 +92,10 @@ async def _collect(ctx: BrokerContext, head: RequestHead, req: Any) -> tuple[Any
     return response, total, errors
 
 
-@api(2, 1, 8)
-async def list_offsets(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(LIST_OFFSETS, 1, 8)
+async def list_offsets(
+    ctx: BrokerContext, head: RequestHead, req: ListOffsetsRequest
+) -> ListOffsetsResponse:
     storage = ctx.storage
     part_cls = nested(head, "ListOffsetsPartitionResponse")
     topic_cls = nested(head, "ListOffsetsTopicResponse")
@@ -111,9 +126,8 @@ async def list_offsets(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                     timestamp=ts,
                     offset=offset,
                     leader_epoch=0 if not code else -1,
-                    old_style_offsets=(offset,) if offset >= 0 else (),
                 )
             )
         topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
     await asyncio.sleep(0)
-    return build(resp(head), throttle_time=ZERO_MS, topics=tuple(topics))
+    return build(resp(head, LIST_OFFSETS), throttle_time=ZERO_MS, topics=tuple(topics))

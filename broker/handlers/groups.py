@@ -3,27 +3,74 @@ DescribeGroups (15), ListGroups (16), DeleteGroups (42)."""
 
 from __future__ import annotations
 
-from typing import Any
+from kio.schema.find_coordinator.v0.request import FindCoordinatorRequest as FindCoordinatorV0
+from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest as FindCoordinatorV4
+from kio.schema.heartbeat.v0.request import HeartbeatRequest as HeartbeatV0
+from kio.schema.heartbeat.v1.request import HeartbeatRequest as HeartbeatV1
+from kio.schema.heartbeat.v2.request import HeartbeatRequest as HeartbeatV2
+from kio.schema.join_group.v0.request import JoinGroupRequest as JoinGroupV0
+from kio.schema.join_group.v1.request import JoinGroupRequest as JoinGroupV1
+from kio.schema.join_group.v2.request import JoinGroupRequest as JoinGroupV2
+from kio.schema.join_group.v3.request import JoinGroupRequest as JoinGroupV3
+from kio.schema.join_group.v4.request import JoinGroupRequest as JoinGroupV4
+from kio.schema.leave_group.v0.request import LeaveGroupRequest as LeaveGroupV0
+from kio.schema.leave_group.v1.request import LeaveGroupRequest as LeaveGroupV1
+from kio.schema.leave_group.v2.request import LeaveGroupRequest as LeaveGroupV2
+from kio.schema.list_groups.v0.request import ListGroupsRequest as ListGroupsV0
+from kio.schema.list_groups.v1.request import ListGroupsRequest as ListGroupsV1
+from kio.schema.list_groups.v2.request import ListGroupsRequest as ListGroupsV2
+from kio.schema.list_groups.v3.request import ListGroupsRequest as ListGroupsV3
+from kio.schema.sync_group.v0.request import SyncGroupRequest as SyncGroupV0
+from kio.schema.sync_group.v1.request import SyncGroupRequest as SyncGroupV1
+from kio.schema.sync_group.v2.request import SyncGroupRequest as SyncGroupV2
 
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.coordinator import MemberIdRequired
+from broker.handlers.apitypes import (
+    DELETE_GROUPS,
+    DESCRIBE_GROUPS,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    SYNC_GROUP,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 AUTHORIZED_OPS_OMITTED = -(2**31)
 
 
-@api(10, 0, 4)
-async def find_coordinator(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
-    key_type = getattr(req, "key_type", 0)
+@api(FIND_COORDINATOR, 0, 4)
+async def find_coordinator(
+    ctx: BrokerContext, head: RequestHead, req: FindCoordinatorRequest
+) -> FindCoordinatorResponse:
+    key_type = 0 if isinstance(req, FindCoordinatorV0) else req.key_type
     code, message = ErrorCode.none, None
     if key_type != 0:
         code, message = ErrorCode.invalid_request, "only group coordinators (key type 0) exist"
     node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == 0 else (-1, "", -1)
-    if hasattr(req, "coordinator_keys"):
+    if isinstance(req, FindCoordinatorV4):
         coord = nested(head, "Coordinator")
         return build(
-            resp(head),
+            resp(head, FIND_COORDINATOR),
             throttle_time=ZERO_MS,
             coordinators=tuple(
                 build(
@@ -39,7 +86,7 @@ async def find_coordinator(ctx: BrokerContext, head: RequestHead, req: Any) -> A
             ),
         )
     return build(
-        resp(head),
+        resp(head, FIND_COORDINATOR),
         throttle_time=ZERO_MS,
         error_code=code,
         error_message=message,
@@ -49,19 +96,25 @@ async def find_coordinator(ctx: BrokerContext, head: RequestHead, req: Any) -> A
     )
 
 
-@api(11, 0, 9)
-async def join_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(JOIN_GROUP, 0, 9)
+async def join_group(
+    ctx: BrokerContext, head: RequestHead, req: JoinGroupRequest
+) -> JoinGroupResponse:
     session_s = req.session_timeout.total_seconds()
-    rebalance = getattr(req, "rebalance_timeout", None)
+    rebalance_s = (
+        session_s if isinstance(req, JoinGroupV0) else req.rebalance_timeout.total_seconds()
+    )
+    old = JoinGroupV0 | JoinGroupV1 | JoinGroupV2 | JoinGroupV3 | JoinGroupV4
+    instance_id = None if isinstance(req, old) else req.group_instance_id
     try:
         r = await ctx.groups.join(
             req.group_id,
             req.member_id,
-            getattr(req, "group_instance_id", None),
+            instance_id,
             head.client_id or "",
             head.client_host,
             session_s,
-            rebalance.total_seconds() if rebalance is not None else session_s,
+            rebalance_s,
             req.protocol_type,
             [(p.name, p.metadata) for p in req.protocols],
             require_known_member_id=head.api_version >= 4,
@@ -72,7 +125,7 @@ async def join_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         return _join_error(head, e.code, req.member_id)
     member = nested(head, "JoinGroupResponseMember")
     return build(
-        resp(head),
+        resp(head, JOIN_GROUP),
         throttle_time=ZERO_MS,
         error_code=ErrorCode.none,
         generation_id=r.generation,
@@ -88,9 +141,9 @@ async def join_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     )
 
 
-def _join_error(head: RequestHead, code: ErrorCode, member_id: str) -> Any:
+def _join_error(head: RequestHead, code: ErrorCode, member_id: str) -> JoinGroupResponse:
     return build(
-        resp(head),
+        resp(head, JOIN_GROUP),
         throttle_time=ZERO_MS,
         error_code=code,
         generation_id=-1,
@@ -103,21 +156,24 @@ def _join_error(head: RequestHead, code: ErrorCode, member_id: str) -> Any:
     )
 
 
-@api(14, 0, 5)
-async def sync_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(SYNC_GROUP, 0, 5)
+async def sync_group(
+    ctx: BrokerContext, head: RequestHead, req: SyncGroupRequest
+) -> SyncGroupResponse:
+    old = SyncGroupV0 | SyncGroupV1 | SyncGroupV2
     try:
         assignment, ptype, pname = await ctx.groups.sync(
             req.group_id,
             req.generation_id,
             req.member_id,
-            getattr(req, "group_instance_id", None),
+            None if isinstance(req, old) else req.group_instance_id,
             {a.member_id: a.assignment for a in req.assignments},
         )
         code = ErrorCode.none
     except KafkaError as e:
         assignment, ptype, pname, code = b"", None, None, e.code
     return build(
-        resp(head),
+        resp(head, SYNC_GROUP),
         throttle_time=ZERO_MS,
         error_code=code,
         protocol_type=ptype,
@@ -126,27 +182,35 @@ async def sync_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     )
 
 
-@api(12, 0, 4)
-async def heartbeat(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(HEARTBEAT, 0, 4)
+async def heartbeat(
+    ctx: BrokerContext, head: RequestHead, req: HeartbeatRequest
+) -> HeartbeatResponse:
     code = ErrorCode.none
+    old = HeartbeatV0 | HeartbeatV1 | HeartbeatV2
     try:
         ctx.groups.heartbeat(
-            req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None)
+            req.group_id,
+            req.generation_id,
+            req.member_id,
+            None if isinstance(req, old) else req.group_instance_id,
         )
     except KafkaError as e:
         code = e.code
-    return build(resp(head), throttle_time=ZERO_MS, error_code=code)
+    return build(resp(head, HEARTBEAT), throttle_time=ZERO_MS, error_code=code)
 
 
-@api(13, 0, 5)
-async def leave_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
-    if not hasattr(req, "members"):
+@api(LEAVE_GROUP, 0, 5)
+async def leave_group(
+    ctx: BrokerContext, head: RequestHead, req: LeaveGroupRequest
+) -> LeaveGroupResponse:
+    if isinstance(req, LeaveGroupV0 | LeaveGroupV1 | LeaveGroupV2):
         code = ErrorCode.none
         try:
             ctx.groups.leave(req.group_id, req.member_id, None)
         except KafkaError as e:
             code = e.code
-        return build(resp(head), throttle_time=ZERO_MS, error_code=code)
+        return build(resp(head, LEAVE_GROUP), throttle_time=ZERO_MS, error_code=code)
     results = []
     member_cls = nested(head, "MemberResponse")
     for m in req.members:
@@ -164,12 +228,17 @@ async def leave_group(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
             )
         )
     return build(
-        resp(head), throttle_time=ZERO_MS, error_code=ErrorCode.none, members=tuple(results)
+        resp(head, LEAVE_GROUP),
+        throttle_time=ZERO_MS,
+        error_code=ErrorCode.none,
+        members=tuple(results),
     )
 
 
-@api(15, 0, 5)
-async def describe_groups(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(DESCRIBE_GROUPS, 0, 5)
+async def describe_groups(
+    ctx: BrokerContext, head: RequestHead, req: DescribeGroupsRequest
+) -> DescribeGroupsResponse:
     group_cls = nested(head, "DescribedGroup")
     member_cls = nested(head, "DescribedGroupMember")
     out = []
@@ -217,13 +286,16 @@ async def describe_groups(ctx: BrokerContext, head: RequestHead, req: Any) -> An
                 authorized_operations=AUTHORIZED_OPS_OMITTED,
             )
         )
-    return build(resp(head), throttle_time=ZERO_MS, groups=tuple(out))
+    return build(resp(head, DESCRIBE_GROUPS), throttle_time=ZERO_MS, groups=tuple(out))
 
 
-@api(16, 0, 4)
-async def list_groups(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(LIST_GROUPS, 0, 4)
+async def list_groups(
+    ctx: BrokerContext, head: RequestHead, req: ListGroupsRequest
+) -> ListGroupsResponse:
     listed = nested(head, "ListedGroup")
-    wanted = {s.lower() for s in getattr(req, "states_filter", ())}
+    old = ListGroupsV0 | ListGroupsV1 | ListGroupsV2 | ListGroupsV3  # no states_filter
+    wanted = set() if isinstance(req, old) else {s.lower() for s in req.states_filter}
     states: dict[str, tuple[str, str]] = {
         gid: ("consumer", "Empty") for gid in ctx.offsets.offsets if ctx.offsets.of_group(gid)
     }
@@ -235,11 +307,15 @@ async def list_groups(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         for gid, (ptype, state) in sorted(states.items())
         if not wanted or state.lower() in wanted
     )
-    return build(resp(head), throttle_time=ZERO_MS, error_code=ErrorCode.none, groups=groups)
+    return build(
+        resp(head, LIST_GROUPS), throttle_time=ZERO_MS, error_code=ErrorCode.none, groups=groups
+    )
 
 
-@api(42, 0, 2)
-async def delete_groups(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(DELETE_GROUPS, 0, 2)
+async def delete_groups(
+    ctx: BrokerContext, head: RequestHead, req: DeleteGroupsRequest
+) -> DeleteGroupsResponse:
     result_cls = nested(head, "DeletableGroupResult")
     results = []
     for gid in req.groups_names:
@@ -252,4 +328,4 @@ async def delete_groups(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         except KafkaError as e:
             code = e.code
         results.append(build(result_cls, group_id=gid, error_code=code))
-    return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))
+    return build(resp(head, DELETE_GROUPS), throttle_time=ZERO_MS, results=tuple(results))

@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+
+from kio.schema.describe_cluster.v0.request import DescribeClusterRequest as DescribeClusterV0
+from kio.schema.metadata.v0.request import MetadataRequest as MetadataV0
+from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
+from kio.schema.metadata.v2.request import MetadataRequest as MetadataV2
+from kio.schema.metadata.v3.request import MetadataRequest as MetadataV3
+from kio.schema.metadata.v10.request import MetadataRequestTopic as MetadataTopicV10
+from kio.schema.metadata.v11.request import MetadataRequestTopic as MetadataTopicV11
+from kio.schema.metadata.v12.request import MetadataRequestTopic as MetadataTopicV12
 
 from broker.engine import Topic, check_topic_name
 from broker.errors import ErrorCode, KafkaError
-from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.apitypes import (
+    DESCRIBE_CLUSTER,
+    METADATA,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 AUTHORIZED_OPS_OMITTED = -(2**31)
 
 
-def _partitions(ctx: BrokerContext, head: RequestHead, topic: Topic) -> tuple[Any, ...]:
+def _partitions(ctx: BrokerContext, head: RequestHead, topic: Topic) -> tuple[Entity, ...]:
     part = nested(head, "MetadataResponsePartition")
     node = ctx.node_id
     return tuple(
@@ -30,7 +47,7 @@ def _partitions(ctx: BrokerContext, head: RequestHead, topic: Topic) -> tuple[An
     )
 
 
-def _topic(ctx: BrokerContext, head: RequestHead, topic: Topic) -> Any:
+def _topic(ctx: BrokerContext, head: RequestHead, topic: Topic) -> Entity:
     return build(
         nested(head, "MetadataResponseTopic"),
         error_code=ErrorCode.none,
@@ -42,22 +59,24 @@ def _topic(ctx: BrokerContext, head: RequestHead, topic: Topic) -> Any:
     )
 
 
-def _error_topic(head: RequestHead, name: str | None, code: ErrorCode, topic_id: Any = None) -> Any:
-    from uuid import UUID
-
+def _error_topic(
+    head: RequestHead, name: str | None, code: ErrorCode, topic_id: uuid.UUID | None = None
+) -> Entity:
     return build(
         nested(head, "MetadataResponseTopic"),
         error_code=code,
         name=name,
-        topic_id=topic_id or UUID(int=0),
+        topic_id=topic_id or uuid.UUID(int=0),
         is_internal=False,
         partitions=(),
         topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
     )
 
 
-@api(3, 0, 12)
-async def metadata(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(METADATA, 0, 12)
+async def metadata(
+    ctx: BrokerContext, head: RequestHead, req: MetadataRequest
+) -> MetadataResponse:
     storage = ctx.storage
     requested = req.topics
     if requested is not None and head.api_version == 0 and len(requested) == 0:
@@ -67,13 +86,15 @@ async def metadata(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         topics = [_topic(ctx, head, t) for t in storage.topics.values()]
     else:
         allow = (
-            getattr(req, "allow_auto_topic_creation", True)
+            (isinstance(req, MetadataV0 | MetadataV1 | MetadataV2 | MetadataV3)
+             or req.allow_auto_topic_creation)
             and ctx.settings["auto.create.topics.enable"]
         )
         for rt in requested:
             name = rt.name
-            if name is None:
-                t = storage.topics_by_id.get(rt.topic_id)
+            if name is None:  # by id: names are nullable from v10
+                assert isinstance(rt, MetadataTopicV10 | MetadataTopicV11 | MetadataTopicV12)
+                t = storage.topics_by_id.get(rt.topic_id) if rt.topic_id is not None else None
                 topics.append(
                     _topic(ctx, head, t)
                     if t is not None
@@ -102,7 +123,7 @@ async def metadata(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         rack=None,
     )
     return build(
-        resp(head),
+        resp(head, METADATA),
         throttle_time=ZERO_MS,
         brokers=(broker,),
         cluster_id=storage.cluster_id,
@@ -112,11 +133,13 @@ async def metadata(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     )
 
 
-@api(60, 0, 1)
-async def describe_cluster(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
-    if getattr(req, "endpoint_type", 1) != 1:
+@api(DESCRIBE_CLUSTER, 0, 1)
+async def describe_cluster(
+    ctx: BrokerContext, head: RequestHead, req: DescribeClusterRequest
+) -> DescribeClusterResponse:
+    if not isinstance(req, DescribeClusterV0) and req.endpoint_type != 1:
         return build(
-            resp(head),
+            resp(head, DESCRIBE_CLUSTER),
             throttle_time=ZERO_MS,
             error_code=ErrorCode.unsupported_endpoint_type,
             error_message="only broker endpoints",
@@ -134,7 +157,7 @@ async def describe_cluster(ctx: BrokerContext, head: RequestHead, req: Any) -> A
         rack=None,
     )
     return build(
-        resp(head),
+        resp(head, DESCRIBE_CLUSTER),
         throttle_time=ZERO_MS,
         error_code=ErrorCode.none,
         error_message=None,

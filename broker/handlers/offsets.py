@@ -2,16 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Protocol
+
+from kio.schema.offset_commit.v2 import request as commit_v2
+from kio.schema.offset_commit.v3 import request as commit_v3
+from kio.schema.offset_commit.v4 import request as commit_v4
+from kio.schema.offset_commit.v5 import request as commit_v5
+from kio.schema.offset_commit.v6 import request as commit_v6
+from kio.schema.offset_fetch.v8 import request as fetch_v8
 
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import MAX_METADATA_BYTES
-from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.apitypes import (
+    OFFSET_COMMIT,
+    OFFSET_DELETE,
+    OFFSET_FETCH,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
+from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
 from broker.protocol.codec import RequestHead
 
 
-@api(8, 2, 8)
-async def offset_commit(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(OFFSET_COMMIT, 2, 8)
+async def offset_commit(
+    ctx: BrokerContext, head: RequestHead, req: OffsetCommitRequest
+) -> OffsetCommitResponse:
+    old = (  # no group_instance_id before v7
+        commit_v2.OffsetCommitRequest
+        | commit_v3.OffsetCommitRequest
+        | commit_v4.OffsetCommitRequest
+        | commit_v5.OffsetCommitRequest
+        | commit_v6.OffsetCommitRequest
+    )
+    no_epoch = (  # no committed_leader_epoch before v6
+        commit_v2.OffsetCommitRequestPartition
+        | commit_v3.OffsetCommitRequestPartition
+        | commit_v4.OffsetCommitRequestPartition
+        | commit_v5.OffsetCommitRequestPartition
+    )
     part_cls = nested(head, "OffsetCommitResponsePartition")
     topic_cls = nested(head, "OffsetCommitResponseTopic")
     group_error = None
@@ -20,12 +54,12 @@ async def offset_commit(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
             req.group_id,
             req.generation_id_or_member_epoch,
             req.member_id,
-            getattr(req, "group_instance_id", None),
+            None if isinstance(req, old) else req.group_instance_id,
         )
     except KafkaError as e:
         group_error = e.code
     codes: dict[tuple[str, int], ErrorCode] = {}
-    entries = []
+    entries: list[tuple[str, int, int, int, str | None]] = []
     for t in req.topics:
         for p in t.partitions:
             code = group_error or ErrorCode.none
@@ -41,7 +75,7 @@ async def offset_commit(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                             t.name,
                             p.partition_index,
                             p.committed_offset,
-                            getattr(p, "committed_leader_epoch", -1),
+                            -1 if isinstance(p, no_epoch) else p.committed_leader_epoch,
                             p.committed_metadata,
                         )
                     )
@@ -52,8 +86,8 @@ async def offset_commit(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         try:
             await ctx.offsets.commit(req.group_id, entries)
         except Exception:
-            for t, p, *_ in entries:
-                codes[(t, p)] = ErrorCode.coordinator_not_available  # retriable
+            for name, index, *_ in entries:
+                codes[(name, index)] = ErrorCode.coordinator_not_available  # retriable
     topics = tuple(
         build(
             topic_cls,
@@ -69,17 +103,31 @@ async def offset_commit(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         )
         for t in req.topics
     )
-    return build(resp(head), throttle_time=ZERO_MS, topics=topics)
+    return build(resp(head, OFFSET_COMMIT), throttle_time=ZERO_MS, topics=topics)
+
+
+class _Wanted(Protocol):
+    """A topic of an OffsetFetch request (its class differs by version)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def partition_indexes(self) -> tuple[int, ...]: ...
+
+
+def _wanted(topics: Iterable[_Wanted] | None) -> dict[str, list[int]] | None:
+    return None if topics is None else {t.name: list(t.partition_indexes) for t in topics}
 
 
 def _fetch_group(
     ctx: BrokerContext,
     head: RequestHead,
     group_id: str,
-    topics: Any,
+    topics: dict[str, list[int]] | None,
     part_name: str,
     topic_name: str,
-) -> tuple[Any, ...]:
+) -> tuple[Entity, ...]:
     part_cls = nested(head, part_name)
     topic_cls = nested(head, topic_name)
     if topics is None:  # all committed offsets of the group
@@ -87,7 +135,7 @@ def _fetch_group(
         for t, p in sorted(ctx.offsets.of_group(group_id)):
             wanted.setdefault(t, []).append(p)
     else:
-        wanted = {t.name: list(t.partition_indexes) for t in topics}
+        wanted = topics
     out = []
     for name, partitions in wanted.items():
         parts = []
@@ -107,9 +155,11 @@ def _fetch_group(
     return tuple(out)
 
 
-@api(9, 1, 8)
-async def offset_fetch(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
-    if hasattr(req, "groups"):
+@api(OFFSET_FETCH, 1, 8)
+async def offset_fetch(
+    ctx: BrokerContext, head: RequestHead, req: OffsetFetchRequest
+) -> OffsetFetchResponse:
+    if isinstance(req, fetch_v8.OffsetFetchRequest):
         group_cls = nested(head, "OffsetFetchResponseGroup")
         groups = tuple(
             build(
@@ -120,35 +170,42 @@ async def offset_fetch(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                     ctx,
                     head,
                     g.group_id,
-                    g.topics,
+                    _wanted(g.topics),
                     "OffsetFetchResponsePartitions",
                     "OffsetFetchResponseTopics",
                 ),
             )
             for g in req.groups
         )
-        return build(resp(head), throttle_time=ZERO_MS, groups=groups)
+        return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, groups=groups)
     topics = _fetch_group(
         ctx,
         head,
         req.group_id,
-        req.topics,
+        _wanted(req.topics),
         "OffsetFetchResponsePartition",
         "OffsetFetchResponseTopic",
     )
-    return build(resp(head), throttle_time=ZERO_MS, topics=topics, error_code=ErrorCode.none)
+    return build(
+        resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=topics, error_code=ErrorCode.none
+    )
 
 
-@api(47, 0, 0)
-async def offset_delete(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(OFFSET_DELETE, 0, 0)
+async def offset_delete(
+    ctx: BrokerContext, head: RequestHead, req: OffsetDeleteRequest
+) -> OffsetDeleteResponse:
     part_cls = nested(head, "OffsetDeleteResponsePartition")
     topic_cls = nested(head, "OffsetDeleteResponseTopic")
     if req.group_id not in ctx.groups.groups and not ctx.offsets.of_group(req.group_id):
         return build(
-            resp(head), error_code=ErrorCode.group_id_not_found, throttle_time=ZERO_MS, topics=()
+            resp(head, OFFSET_DELETE),
+            error_code=ErrorCode.group_id_not_found,
+            throttle_time=ZERO_MS,
+            topics=(),
         )
     subscribed = ctx.groups.subscribed_topics(req.group_id)
-    keys = []
+    keys: list[tuple[str, int]] = []
     topics = []
     for t in req.topics:
         code = ErrorCode.group_subscribed_to_topic if t.name in subscribed else ErrorCode.none
@@ -166,4 +223,9 @@ async def offset_delete(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
         )
     if keys:
         await ctx.offsets.delete(req.group_id, keys)
-    return build(resp(head), error_code=ErrorCode.none, throttle_time=ZERO_MS, topics=tuple(topics))
+    return build(
+        resp(head, OFFSET_DELETE),
+        error_code=ErrorCode.none,
+        throttle_time=ZERO_MS,
+        topics=tuple(topics),
+    )

@@ -4,20 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from typing import Any
 
 from broker.engine import AppendResult
 from broker.errors import ErrorCode, KafkaError
-from broker.handlers.base import ZERO_MS, BrokerContext, Later, api, build, nested, resp
+from broker.handlers.apitypes import PRODUCE, ProduceRequest, ProduceResponse
+from broker.handlers.base import (
+    NO_RESPONSE as NO_RESPONSE,  # net.py's name for what acks=0 answers
+)
+from broker.handlers.base import (
+    ZERO_MS,
+    BrokerContext,
+    Entity,
+    Later,
+    Reply,
+    api,
+    build,
+    nested,
+    nested_or_none,
+    resp,
+)
 from broker.protocol.codec import RequestHead
 from broker.schemavalidation import InvalidRecords
 
-NO_RESPONSE = object()  # acks=0: Kafka sends nothing back
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
-@api(0, 3, 11)
-async def produce(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(PRODUCE, 3, 11)
+async def produce(
+    ctx: BrokerContext, head: RequestHead, req: ProduceRequest
+) -> Reply[ProduceResponse]:
     storage = ctx.storage
     entries: list[tuple[str, int, asyncio.Future[AppendResult] | KafkaError]] = []
     for td in req.topic_data:
@@ -53,14 +68,14 @@ async def _respond(
     head: RequestHead,
     entries: list[tuple[str, int, asyncio.Future[AppendResult] | KafkaError]],
     timeout: float,
-) -> Any:
+) -> ProduceResponse:
     futures = [e for *_, e in entries if isinstance(e, asyncio.Future)]
     if futures:
         await asyncio.wait(futures, timeout=timeout)
     part_cls = nested(head, "PartitionProduceResponse")
     topic_cls = nested(head, "TopicProduceResponse")
-    err_cls = nested(head, "BatchIndexAndErrorMessage") if head.api_version >= 8 else None
-    by_topic: dict[str, list[Any]] = {}
+    err_cls = nested_or_none(head, "BatchIndexAndErrorMessage")
+    by_topic: dict[str, list[Entity]] = {}
     for topic, partition, e in entries:
         base, append_time, code, message = -1, -1, ErrorCode.none, None
         if isinstance(e, KafkaError):
@@ -102,4 +117,4 @@ async def _respond(
     topics = tuple(
         build(topic_cls, name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items()
     )
-    return build(resp(head), responses=topics, throttle_time=ZERO_MS)
+    return build(resp(head, PRODUCE), responses=topics, throttle_time=ZERO_MS)

@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+
+from kio.schema.delete_topics.v6 import request as delete_topics_v6
 
 from broker.config import TOPIC_BROKER_DEFAULTS, TOPIC_CONFIGS, topic_defaults
 from broker.errors import ErrorCode, KafkaError
-from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.apitypes import (
+    CREATE_PARTITIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+)
+from broker.handlers.base import (
+    ZERO_MS,
+    BrokerContext,
+    api,
+    build,
+    nested,
+    nested_or_none,
+    resp,
+)
 from broker.protocol.codec import RequestHead
 
 CONFIG_SOURCE_TOPIC = 1
@@ -21,8 +41,10 @@ TOO_MANY_PARTITIONS = "Excessively large number of partitions per request."
 BROKER_COUNT = 1
 
 
-@api(19, 2, 7)
-async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(CREATE_TOPICS, 2, 7)
+async def create_topics(
+    ctx: BrokerContext, head: RequestHead, req: CreateTopicsRequest
+) -> CreateTopicsResponse:
     storage = ctx.storage
     result_cls = nested(head, "CreatableTopicResult")
     results = []
@@ -35,8 +57,8 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
     ) > MAX_PARTITIONS_PER_REQUEST
     for t in req.topics:
         topic_id: uuid.UUID | None = None
-        partitions = t.num_partitions
-        rf = t.replication_factor
+        partitions: int = t.num_partitions
+        rf: int = t.replication_factor
         configs = {c.name: c.value for c in t.configs}
         code, message = ErrorCode.none, None
         try:
@@ -76,7 +98,7 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
             code, message = e.code, e.message
         config_entries = None
         if code == ErrorCode.none:
-            entry_cls = nested(head, "CreatableTopicConfigs") if head.api_version >= 5 else None
+            entry_cls = nested_or_none(head, "CreatableTopicConfigs")
             if entry_cls is not None:
                 config_entries = tuple(
                     build(
@@ -102,17 +124,20 @@ async def create_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 configs=config_entries,
             )
         )
-    return build(resp(head), throttle_time=ZERO_MS, topics=tuple(results))
+    return build(resp(head, CREATE_TOPICS), throttle_time=ZERO_MS, topics=tuple(results))
 
 
-@api(20, 1, 6)
-async def delete_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(DELETE_TOPICS, 1, 6)
+async def delete_topics(
+    ctx: BrokerContext, head: RequestHead, req: DeleteTopicsRequest
+) -> DeleteTopicsResponse:
     storage = ctx.storage
     result_cls = nested(head, "DeletableTopicResult")
-    if hasattr(req, "topic_names"):
-        wanted = [(name, None) for name in req.topic_names]
-    else:
+    wanted: list[tuple[str | None, uuid.UUID | None]]
+    if isinstance(req, delete_topics_v6.DeleteTopicsRequest):  # by name or id
         wanted = [(t.name, t.topic_id) for t in req.topics]
+    else:
+        wanted = [(name, None) for name in req.topic_names]
     results = []
     for name, tid in wanted:
         code, message = ErrorCode.none, None
@@ -136,11 +161,13 @@ async def delete_topics(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
                 error_message=message,
             )
         )
-    return build(resp(head), throttle_time=ZERO_MS, responses=tuple(results))
+    return build(resp(head, DELETE_TOPICS), throttle_time=ZERO_MS, responses=tuple(results))
 
 
-@api(37, 0, 3)
-async def create_partitions(ctx: BrokerContext, head: RequestHead, req: Any) -> Any:
+@api(CREATE_PARTITIONS, 0, 3)
+async def create_partitions(
+    ctx: BrokerContext, head: RequestHead, req: CreatePartitionsRequest
+) -> CreatePartitionsResponse:
     result_cls = nested(head, "CreatePartitionsTopicResult")
     results = []
     existing = ctx.storage.topics
@@ -157,7 +184,7 @@ async def create_partitions(ctx: BrokerContext, head: RequestHead, req: Any) -> 
         except KafkaError as e:
             code, message = e.code, e.message
         results.append(build(result_cls, name=t.name, error_code=code, error_message=message))
-    return build(resp(head), throttle_time=ZERO_MS, results=tuple(results))
+    return build(resp(head, CREATE_PARTITIONS), throttle_time=ZERO_MS, results=tuple(results))
 
 
 def _effective_configs(

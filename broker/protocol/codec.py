@@ -91,7 +91,7 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
 
 def decode_request(
     frame: bytes | memoryview, supported: tuple[int, int] | None
-) -> tuple[RequestHead, Any]:
+) -> tuple[RequestHead, object]:
     """Decode a whole request frame (without its size prefix) into its header and body.
 
     `supported` is the broker's version range for the frame's api key (None: not served)."""
@@ -131,7 +131,9 @@ def response_type(api_key: int, api_version: int) -> type[Any]:
     return _codec(api_key, api_version).response_type
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any) -> bytes:
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, response: object
+) -> bytes:
     """The size-prefixed response frame."""
     codec = _codec(api_key, api_version)
     buf = io.BytesIO()
