@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -12,10 +11,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from broker.admin import serve_admin
 from broker.config import Settings, split_hostport, topic_defaults
+from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
-from broker.health import PROBE_KEY, Health
+from broker.health import Health
 from broker.logcleaner import CleanerStats
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
@@ -26,7 +26,7 @@ from broker.storage import Storage
 from s3stream.compaction import CompactionStats
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store, redact_url
-from s3stream.objectstore import ObjectNotFoundError, open_object_store
+from s3stream.objectstore import open_object_store
 from tabletopic.catalog import open_catalog
 from tabletopic.manager import TableTopics
 
@@ -62,23 +62,12 @@ async def _every(interval_ms: int, what: str, job: Callable[[], Awaitable[object
             log.exception("%s failed; retrying in %d ms", what, interval_ms)
 
 
-def _health(settings: Settings, storage: Storage, catalog: Catalog) -> Health:
-    """Probes of the object store (an absent object: not-found proves it reachable), the
-    metadata database (its cluster id) and the catalog (its namespaces); see broker/health.py."""
-    objects = storage.objects
-    backend = getattr(objects, "inner", objects)  # one attempt, no retries, for a probe
-
-    async def probe_objects() -> None:
-        with contextlib.suppress(ObjectNotFoundError):
-            await backend.get(PROBE_KEY)
-
-    def traffic_error() -> tuple[str, float]:
-        st = getattr(objects, "stats", None)
-        return (st.last_error, st.last_error_at) if st is not None else ("", 0.0)
-
+def _health(settings: Settings, storage: StorageEngine, catalog: Catalog) -> Health:
+    """The engine's own checks (s3stream: object store and metadata database) and the catalog
+    (its namespaces); see broker/health.py."""
     h = Health()
-    h.add("object_store", redact_url(settings.object_store_url), probe_objects, traffic_error)
-    h.add("metadata", redact_url(settings.metadata_url), storage.meta.cluster_id)
+    for check in storage.health_checks(settings):
+        h.add_check(check)
     h.add("catalog", redact_url(settings.catalog_url),
           lambda: asyncio.to_thread(catalog.list_namespaces))
     return h
@@ -199,6 +188,8 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     # produce until the registry below is attached (None when off: such produces then fail)
     ctx.schemas = SchemaValidator()
     metrics = BrokerMetrics(Sources(storage=storage, groups=groups, offsets=offsets))
+    for collector in storage.collectors():  # the engine's own counters (WAL, cache, objects)
+        metrics.register(collector)
     health = _health(settings, storage, catalog)
     metrics.sources.health = health
     await health.check_all()  # an unreachable store is logged (ERROR) before `listening on`

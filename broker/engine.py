@@ -28,9 +28,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from prometheus_client.registry import Collector
+
 from broker.config import ConfigError, Settings, topic_config_value, validate_topic_configs
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
+from broker.health import HealthCheck
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
@@ -149,6 +152,15 @@ class StorageEngine(Protocol):
 
     def maintenance_jobs(self, settings: Settings) -> list[MaintenanceJob]:
         """The engine's background work (compaction, retention, cleaning), for the root."""
+        ...
+
+    def health_checks(self, settings: Settings) -> list[HealthCheck]:
+        """Probes of what the engine depends on (object store, metadata database), which the
+        root adds to /status and floe_health_ok; none for an engine that depends on nothing."""
+        ...
+
+    def collectors(self) -> list[Collector]:
+        """Prometheus collectors of the engine's own counters, read at scrape time."""
         ...
 
     # -- topics

@@ -45,6 +45,18 @@ class ComponentHealth:
 Probe = Callable[[], Awaitable[object]]
 
 
+@dataclass(frozen=True)
+class HealthCheck:
+    """A component to watch, as a storage engine (or the composition root) describes it:
+    `probe()` succeeds when it is reachable; `traffic_error()`, if given, reports the last
+    error seen outside the probes (message, wall-clock time) or ("", 0)."""
+
+    name: str
+    target: str  # what is checked (a URL without secrets)
+    probe: Probe
+    traffic_error: Callable[[], tuple[str, float]] | None = None
+
+
 class Health:
     """Probes each component and keeps its latest state; `report()` is the /status JSON."""
 
@@ -66,6 +78,9 @@ class Health:
         self._state[name] = ComponentHealth(target)
         if last_error is not None:
             self._errors[name] = last_error
+
+    def add_check(self, check: HealthCheck) -> None:
+        self.add(check.name, check.target, check.probe, check.traffic_error)
 
     def components(self) -> dict[str, ComponentHealth]:
         return dict(self._state)

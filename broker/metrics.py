@@ -3,8 +3,10 @@ one, so several brokers can run in one process).
 
 The hot paths (requests in net.py, WAL flushes in s3stream/wal.py, cache lookups in
 s3stream/reader.py, object store calls in s3stream/objectstore.py) only bump plain counters
-(`NetStats` here, `s3stream.stats`); `FloeCollector` turns them into metric families when
-/metrics is scraped.
+(`NetStats` here, `s3stream.stats`); `FloeCollector` turns the broker's into metric families
+when /metrics is scraped, and each storage engine hands the composition root collectors of its
+own (`StorageEngine.collectors()`; the s3stream engine's: broker/storagemetrics.py), which
+`BrokerMetrics.register` adds to the same registry.
 Group lag and table-topic figures are computed at scrape time from the broker's in-memory
 state (nothing here awaits, so no state is read across an await). Maintenance jobs, which are
 rare, update ordinary prometheus_client counters.
@@ -35,14 +37,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from s3stream.stats import LATENCY_BUCKETS, Histogram, ObjectStoreStats
+from s3stream.stats import LATENCY_BUCKETS, Histogram
 
 if TYPE_CHECKING:
+    from broker.engine import StorageEngine
     from broker.groups.coordinator import GroupCoordinator
     from broker.groups.offsets import OffsetStore
     from broker.health import Health
     from broker.logcleaner import CleanerStats
-    from broker.storage import Storage
     from s3stream.compaction import CompactionStats
 
 
@@ -86,7 +88,7 @@ def api_name(api_key: int) -> str:
             return f"api{api_key}"
 
 
-def _histogram(
+def histogram_family(
     name: str, doc: str, label_names: list[str], series: list[tuple[list[str], Histogram]]
 ) -> HistogramMetricFamily:
     """One histogram family with a series per label values."""
@@ -102,7 +104,7 @@ class Sources:
     """What the collector reads; each part may be absent (unit tests, partial start-up)."""
 
     net: NetStats | None = None
-    storage: Storage | None = None
+    storage: StorageEngine | None = None  # topics and offsets (group lag, counts)
     groups: GroupCoordinator | None = None
     offsets: OffsetStore | None = None
     tables: Callable[[], list[dict[str, Any]]] | None = None
@@ -120,10 +122,7 @@ class FloeCollector(Collector):
         if s.net is not None:
             yield from self._net(s.net)
         if s.storage is not None:
-            yield from self._log(s.storage)
-            stats = getattr(s.storage.objects, "stats", None)
-            if isinstance(stats, ObjectStoreStats):
-                yield from self._objects(stats)
+            yield from self._topics(s.storage)
         if s.groups is not None and s.offsets is not None and s.storage is not None:
             yield from self._groups(s.groups, s.offsets, s.storage)
         if s.tables is not None:
@@ -146,7 +145,7 @@ class FloeCollector(Collector):
         for (key, ver), count in sorted(n.requests.items()):
             req.add_metric([api_name(key), str(ver)], count)
         yield req
-        yield _histogram(
+        yield histogram_family(
             "floe_request_latency_seconds",
             "Time from a request's decoding to its response being written, by API.",
             ["api"], [([api_name(k)], h) for k, h in sorted(n.latency.items())],
@@ -168,55 +167,15 @@ class FloeCollector(Collector):
                                 value=n.connections_opened - n.connections_closed)
 
     # -- storage ---------------------------------------------------------------------------
-    def _log(self, storage: Storage) -> Iterator[Metric]:
-        log = storage.log
-        st = log.stats
-        yield CounterMetricFamily("floe_wal_flushes", "WAL objects written and committed.",
-                                  value=st.wal_flushes)
-        yield CounterMetricFamily("floe_wal_flush_failures",
-                                  "WAL flushes that failed (their producers got an error).",
-                                  value=st.wal_flush_failures)
-        yield _histogram("floe_wal_flush_bytes", "Record bytes per WAL flush.", [],
-                         [([], st.wal_flush_bytes)])
-        yield _histogram("floe_wal_flush_latency_seconds",
-                         "Time of one WAL flush: object PUT plus metadata commit.", [],
-                         [([], st.wal_flush_seconds)])
-        yield CounterMetricFamily("floe_cache_hits", "Chunk cache lookups that found the chunk.",
-                                  value=log.cache.hits)
-        yield CounterMetricFamily("floe_cache_misses", "Chunk cache lookups that missed.",
-                                  value=log.cache.misses)
-        yield GaugeMetricFamily("floe_cache_size_bytes", "Bytes held in the chunk cache.",
-                                value=log.cache.size)
-        looked = log.cache.hits + log.cache.misses
-        yield GaugeMetricFamily("floe_cache_hit_ratio",
-                                "Chunk cache hits / lookups since start (0 before any).",
-                                value=log.cache.hits / looked if looked else 0.0)
+    def _topics(self, storage: StorageEngine) -> Iterator[Metric]:
+        """Engine-agnostic counts; each engine adds its own families (`collectors()`)."""
         yield GaugeMetricFamily("floe_topics", "Topics.", value=len(storage.topics))
         yield GaugeMetricFamily("floe_partitions", "Partitions of all topics.",
                                 value=sum(len(t.streams) for t in storage.topics.values()))
 
-    def _objects(self, st: ObjectStoreStats) -> Iterator[Metric]:
-        req = CounterMetricFamily("floe_object_store_requests",
-                                  "Object store requests (each attempt), by operation.",
-                                  labels=["op"])
-        err = CounterMetricFamily("floe_object_store_errors",
-                                  "Object store requests that failed (not-found excluded).",
-                                  labels=["op"])
-        for op, s in sorted(st.ops.items()):
-            req.add_metric([op], s.requests)
-            err.add_metric([op], s.errors)
-        yield req
-        yield err
-        yield _histogram("floe_object_store_latency_seconds",
-                         "Time of one object store request, by operation.", ["op"],
-                         [([op], s.seconds) for op, s in sorted(st.ops.items())])
-        yield CounterMetricFamily("floe_object_store_retries",
-                                  "Object store requests repeated after a retriable error.",
-                                  value=st.retries)
-
     # -- groups ----------------------------------------------------------------------------
     def _groups(
-        self, groups: GroupCoordinator, offsets: OffsetStore, storage: Storage
+        self, groups: GroupCoordinator, offsets: OffsetStore, storage: StorageEngine
     ) -> Iterator[Metric]:
         members = GaugeMetricFamily("floe_group_members", "Members of a consumer group.",
                                     labels=["group"])
@@ -352,6 +311,10 @@ class BrokerMetrics:
             self.cleaner_bytes.labels("before").inc(stats.bytes_before)
             self.cleaner_bytes.labels("after").inc(stats.bytes_after)
             self.cleaner_bytes.labels("read").inc(stats.bytes_read)
+
+    def register(self, collector: Collector) -> None:
+        """Add a collector of someone else's counters (a storage engine's `collectors()`)."""
+        self.registry.register(collector)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric, now."""

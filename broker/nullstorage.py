@@ -17,10 +17,13 @@ import asyncio
 import itertools
 import uuid
 
+from prometheus_client.registry import Collector
+
 from broker.config import Settings
 from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, TopicTable
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
+from broker.health import HealthCheck
 from broker.protocol.records import CorruptBatchError, iter_headers
 
 
@@ -45,6 +48,12 @@ class NullStorage(TopicTable):
 
     def maintenance_jobs(self, settings: Settings) -> list[MaintenanceJob]:
         return []
+
+    def health_checks(self, settings: Settings) -> list[HealthCheck]:
+        return []  # depends on nothing
+
+    def collectors(self) -> list[Collector]:
+        return []  # counts nothing of its own
 
     # -- topics ----------------------------------------------------------------------------
     def _add_partitions(self, t: Topic, count: int) -> None:

@@ -13,7 +13,9 @@ import logging
 import time
 from typing import Any
 
-from broker import recordpolicy
+from prometheus_client.registry import Collector
+
+from broker import recordpolicy, storagemetrics
 from broker.config import Settings
 from broker.engine import (
     AppendResult,
@@ -24,6 +26,7 @@ from broker.engine import (
 )
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
+from broker.health import HealthCheck
 from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
@@ -387,6 +390,14 @@ class Storage(TopicTable):
                 )
             )
         return jobs
+
+    def health_checks(self, settings: Settings) -> list[HealthCheck]:
+        return storagemetrics.health_checks(
+            self.objects, settings.object_store_url, self.meta.cluster_id, settings.metadata_url
+        )
+
+    def collectors(self) -> list[Collector]:
+        return [storagemetrics.StorageCollector(self.log, self.objects)]
 
     async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None:
         sids = []

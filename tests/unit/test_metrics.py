@@ -5,12 +5,18 @@ own parser), and health probes report errors and recover."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.app import build_storage
+from broker.config import load_settings
+from broker.engine import StorageEngine
 from broker.health import Health
 from broker.metrics import BrokerMetrics, NetStats, Sources, api_name
+from broker.nullstorage import NullStorage
+from broker.storagemetrics import object_store_families
 from s3stream.objectstore import (
     MemoryObjectStore,
     ObjectNotFoundError,
@@ -20,6 +26,7 @@ from s3stream.objectstore import (
 )
 from s3stream.stats import Histogram
 from tests.faults import FaultyStore
+from tests.rawclient import make_batch
 
 
 def samples(m: BrokerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -100,13 +107,45 @@ def test_object_store_requests_errors_retries_and_not_found() -> None:
 def _objects_only(
     m: BrokerMetrics, store: RetryingObjectStore
 ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from broker.metrics import FloeCollector
-
     out = {}
-    for fam in FloeCollector(m.sources)._objects(store.stats):
+    for fam in object_store_families(store.stats):
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
+
+
+async def test_engines_report_their_own_health_checks_and_metrics(tmp_path: Path) -> None:
+    """The composition root wires what the engine hands it: the s3stream engine's checks
+    (object store, metadata) and collector (WAL, cache, object store); the null engine's none."""
+    settings = load_settings(
+        {"data.dir": str(tmp_path), "object.store": "memory://", "wal.flush.interval.ms": "1"},
+        None, environ={},
+    )
+    storage: StorageEngine = build_storage(settings)
+    await storage.open()
+    try:
+        checks = storage.health_checks(settings)
+        assert [(c.name, c.target) for c in checks] == [
+            ("object_store", "memory://"), ("metadata", settings.metadata_url)
+        ]
+        h = Health()
+        for c in checks:
+            h.add_check(c)
+        assert await h.check_all()
+        await storage.create_topic("t", 1, {})
+        await asyncio.wait_for(storage.append("t", 0, bytes(make_batch([b"v"]))), 10)
+        m = BrokerMetrics(Sources(storage=storage, health=h))
+        for collector in storage.collectors():
+            m.register(collector)
+        got = samples(m)
+        assert got[("floe_wal_flushes_total", ())] >= 1
+        assert got[("floe_object_store_requests_total", (("op", "PUT"),))] >= 1
+        assert got[("floe_topics", ())] == 1 and got[("floe_partitions", ())] == 1
+        assert got[("floe_health_ok", (("component", "metadata"),))] == 1
+    finally:
+        await storage.close()
+    null: StorageEngine = NullStorage()
+    assert null.health_checks(settings) == [] and null.collectors() == []
 
 
 def test_health_reports_the_last_error_and_recovers() -> None:
