@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from broker.admin import serve_admin
-from broker.config import Settings, split_hostport, topic_defaults
+from broker.config import Settings, topic_defaults
 from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
@@ -40,10 +40,10 @@ T = TypeVar("T")
 def build_storage(settings: Settings) -> Storage:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     wal = WalSettings(
-        flush_interval_ms=settings["wal.flush.interval.ms"],
-        flush_max_bytes=settings["wal.flush.max.bytes"],
-        cache_max_bytes=settings["cache.max.bytes"],
-        readahead_bytes=settings["cache.readahead.bytes"],
+        flush_interval_ms=settings.wal_flush_interval_ms,
+        flush_max_bytes=settings.wal_flush_max_bytes,
+        cache_max_bytes=settings.cache_max_bytes,
+        readahead_bytes=settings.cache_readahead_bytes,
     )
     return Storage(
         open_object_store(settings.object_store_url),
@@ -78,16 +78,18 @@ async def _admin(
 ) -> asyncio.Server | None:
     """The admin port (`metrics` setting): prints `metrics on HOST:PORT`. A port that cannot be
     bound is logged as an ERROR and the broker runs without it (Kafka clients do not need it)."""
-    if not settings["metrics"]:
+    if settings.metrics is None:
         return None
-    mhost, mport = split_hostport(settings["metrics"], "metrics")
+    mhost, mport = settings.metrics
     try:
         server = await serve_admin(
             mhost, mport, metrics.exposition, lambda: {"health": health.report(),
                                                        "tables": tables()}
         )
     except OSError as e:
-        log.error("admin port %s (/metrics, /status) not served: %s", settings["metrics"], e)
+        log.error(
+            "admin port %s (/metrics, /status) not served: %s", settings.values["metrics"], e
+        )
         return None
     shost, sport = server.sockets[0].getsockname()[:2]
     print(f"metrics on {shost}:{sport}", flush=True)
@@ -125,20 +127,16 @@ async def _run_null_broker(settings: Settings, stop: asyncio.Event) -> None:
     await storage.open()
     host, port = settings.listen
     groups = GroupCoordinator(
-        initial_delay_s=settings["group.initial.rebalance.delay.ms"] / 1000,
-        min_session_s=settings["group.min.session.timeout.ms"] / 1000,
-        max_session_s=settings["group.max.session.timeout.ms"] / 1000,
+        initial_delay_s=settings.group_initial_rebalance_delay_ms / 1000,
+        min_session_s=settings.group_min_session_timeout_ms / 1000,
+        max_session_s=settings.group_max_session_timeout_ms / 1000,
     )
     offsets = OffsetStore(storage.group_offsets)
     groups.start()
-    ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
-    server = await serve(ctx, host, port, settings["socket.request.max.bytes"])
+    ctx = BrokerContext(storage, settings, settings.node_id, host, port, groups, offsets)
+    server = await serve(ctx, host, port, settings.socket_request_max_bytes)
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
-    ctx.host, ctx.port = (
-        split_hostport(settings["advertised"], "advertised")
-        if settings["advertised"]
-        else (bound_host, bound_port)
-    )
+    ctx.host, ctx.port = settings.advertised or (bound_host, bound_port)
     log.warning("floe broker %d on the null engine: records are not stored", ctx.node_id)
     print(f"listening on {bound_host}:{bound_port}", flush=True)
     try:
@@ -176,14 +174,14 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     await storage.open()
     host, port = settings.listen
     groups = GroupCoordinator(
-        initial_delay_s=settings["group.initial.rebalance.delay.ms"] / 1000,
-        min_session_s=settings["group.min.session.timeout.ms"] / 1000,
-        max_session_s=settings["group.max.session.timeout.ms"] / 1000,
+        initial_delay_s=settings.group_initial_rebalance_delay_ms / 1000,
+        min_session_s=settings.group_min_session_timeout_ms / 1000,
+        max_session_s=settings.group_max_session_timeout_ms / 1000,
     )
     offsets = OffsetStore(storage.group_offsets)
     await offsets.load()
     groups.start()
-    ctx = BrokerContext(storage, settings, settings["node.id"], host, port, groups, offsets)
+    ctx = BrokerContext(storage, settings, settings.node_id, host, port, groups, offsets)
     # produce awaits it before appending to a topic with schema validation on; it holds the
     # produce until the registry below is attached (None when off: such produces then fail)
     ctx.schemas = SchemaValidator()
@@ -193,10 +191,10 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     health = _health(settings, storage, catalog)
     metrics.sources.health = health
     await health.check_all()  # an unreachable store is logged (ERROR) before `listening on`
-    server = await serve(ctx, host, port, settings["socket.request.max.bytes"], metrics.net)
+    server = await serve(ctx, host, port, settings.socket_request_max_bytes, metrics.net)
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
-    if settings["advertised"]:
-        ctx.host, ctx.port = split_hostport(settings["advertised"], "advertised")
+    if settings.advertised is not None:
+        ctx.host, ctx.port = settings.advertised
     else:
         ctx.host = bound_host if bound_host not in ("0.0.0.0", "::") else socket.getfqdn()
         ctx.port = bound_port
@@ -213,7 +211,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     tables = TableTopics(
         storage,
         catalog,
-        orphan_min_age_s=settings["table.orphan.min.age.ms"] / 1000,
+        orphan_min_age_s=settings.table_orphan_min_age_ms / 1000,
     )
     metrics.sources.tables = tables.status
     status_server = await _admin(settings, metrics, health, tables.status)

@@ -186,7 +186,7 @@ def _broker(args: argparse.Namespace) -> int:
             print(f"{key} = {value}    ({source}; env {env_name(key)})")
         return 0
     logging.basicConfig(
-        level=settings["log.level"].upper(),
+        level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.registry import Collector
 
-from broker.config import ConfigError, Settings, topic_config_value, validate_topic_configs
+from broker.config import ConfigError, Settings, TopicConfig, validate_topic_configs
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
 from broker.health import HealthCheck
@@ -49,31 +49,51 @@ def check_topic_name(name: str) -> None:
         )
 
 
-@dataclass(eq=False)
 class Topic:
-    name: str
-    topic_id: uuid.UUID
-    configs: dict[str, str]
-    streams: list[int] = field(default_factory=list)  # the engine's id of each partition
-    defaults: dict[str, str] = field(default_factory=dict)  # broker defaults (shared dict)
-    # parsed values of `configs` (the produce path reads several per append); `configs` is
-    # replaced, never edited, when a topic's configs change, which resets this
-    _parsed: tuple[dict[str, str], dict[str, object]] = field(
-        default_factory=lambda: ({}, {}), repr=False
-    )
+    """A topic: its partitions' ids inside the engine and its configs, parsed once into a typed
+    `config` whenever they are set (created, altered, loaded), so that produce, fetch,
+    retention and the log cleaner never parse a string. Assigning `configs` (or the broker
+    `defaults`) parses them again."""
+
+    def __init__(
+        self,
+        name: str,
+        topic_id: uuid.UUID,
+        configs: Mapping[str, str],
+        streams: list[int] | None = None,
+        defaults: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.topic_id = topic_id
+        self.streams: list[int] = [] if streams is None else streams  # engine id per partition
+        # broker settings that are topic config defaults (config.topic_defaults)
+        self._defaults: Mapping[str, str] = {} if defaults is None else defaults
+        self.config = TopicConfig.parse(configs, self._defaults)
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name!r}, {self.topic_id}, {dict(self.config.raw)!r})"
+
+    @property
+    def configs(self) -> dict[str, str]:
+        """The configs set on the topic (a copy)."""
+        return dict(self.config.raw)
+
+    @configs.setter
+    def configs(self, configs: Mapping[str, str]) -> None:
+        self.config = TopicConfig.parse(configs, self._defaults)
+
+    @property
+    def defaults(self) -> Mapping[str, str]:
+        return self._defaults
+
+    @defaults.setter
+    def defaults(self, defaults: Mapping[str, str]) -> None:
+        self._defaults = defaults
+        self.config = TopicConfig.parse(self.config.raw, defaults)
 
     @property
     def partitions(self) -> int:
         return len(self.streams)
-
-    def config(self, key: str) -> object:
-        source, values = self._parsed
-        if source is not self.configs:
-            source, values = self.configs, {}
-            self._parsed = (source, values)
-        if key not in values:
-            values[key] = topic_config_value(self.configs, key, self.defaults)
-        return values[key]
 
 
 class TopicTable:

@@ -119,16 +119,12 @@ class Policy:
 
     @staticmethod
     def of(topic: Topic) -> Policy:
-        def num(key: str) -> int | float:
-            v = topic.config(key)
-            assert isinstance(v, int | float)
-            return v
-
+        c = topic.config
         return Policy(
-            int(num("min.compaction.lag.ms")),
-            int(num("max.compaction.lag.ms")),
-            float(num("min.cleanable.dirty.ratio")),
-            int(num("delete.retention.ms")),
+            c.min_compaction_lag_ms,
+            c.max_compaction_lag_ms,
+            c.min_cleanable_dirty_ratio,
+            c.delete_retention_ms,
         )
 
 
@@ -370,9 +366,7 @@ class LogCleaner:
         settled = {o.object_id for o in await self.log.meta.objects("stream")} | self._cleaned
         compacted = []
         for topic in list(self.storage.topics.values()):
-            policy = topic.config("cleanup.policy")
-            assert isinstance(policy, list)
-            if "compact" in policy:
+            if topic.config.compact:
                 compacted.append(topic)
         live = {sid for topic in compacted for sid in topic.streams}
         self.state = {sid: s for sid, s in self.state.items() if sid in live}

@@ -14,24 +14,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
+from broker.config import TopicConfig
 from broker.errors import ErrorCode, KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import CODECS, decode_raw, recompress
 
-TopicConfig = Callable[[str], object]
 _NO_LIMIT = 2**63 - 1
 
 
-def _int(config: TopicConfig, key: str) -> int:
-    v = config(key)
-    assert isinstance(v, int)
-    return v
-
-
 def check_size(batches: list[records.BatchHeader], config: TopicConfig) -> None:
-    max_size = _int(config, "max.message.bytes")
+    max_size = config.max_message_bytes
     for h in batches:
         if h.size > max_size:
             raise KafkaError(
@@ -41,9 +34,7 @@ def check_size(batches: list[records.BatchHeader], config: TopicConfig) -> None:
 
 
 def check_keys(data: bytes, batches: list[records.BatchHeader], config: TopicConfig) -> None:
-    policy = config("cleanup.policy")
-    assert isinstance(policy, list)
-    if "compact" not in policy:
+    if not config.compact:
         return
     for h in batches:
         if h.is_control:
@@ -60,11 +51,11 @@ def check_keys(data: bytes, batches: list[records.BatchHeader], config: TopicCon
 def check_timestamps(
     data: bytes, batches: list[records.BatchHeader], config: TopicConfig, now_ms: int
 ) -> None:
-    if str(config("message.timestamp.type")).lower() == "logappendtime":
+    if config.log_append_time:
         return
-    diff = _int(config, "message.timestamp.difference.max.ms")
-    before = min(_int(config, "message.timestamp.before.max.ms"), diff)
-    after = min(_int(config, "message.timestamp.after.max.ms"), diff)
+    diff = config.message_timestamp_difference_max_ms
+    before = min(config.message_timestamp_before_max_ms, diff)
+    after = min(config.message_timestamp_after_max_ms, diff)
     if before == _NO_LIMIT and after == _NO_LIMIT:
         return
     low = now_ms - before if before != _NO_LIMIT else None
@@ -95,10 +86,9 @@ def apply(data: bytes, config: TopicConfig) -> tuple[bytes, list[records.BatchHe
     try:
         check_keys(data, batches, config)
         check_timestamps(data, batches, config, int(time.time() * 1000))
-        codec = config("compression.type")
+        codec = config.compression_type
         if codec != "producer":
-            assert isinstance(codec, str)
-            target = CODECS[codec.lower()]
+            target = CODECS[codec]
             if any(h.compression != target and not h.is_control for h in batches):
                 data = b"".join(recompress(data, h, target) for h in batches)
                 batches = records.iter_headers(data)

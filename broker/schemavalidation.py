@@ -44,20 +44,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from broker.config import TopicConfig
 from broker.errors import ErrorCode, KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import decode_raw
 from broker.schemaregistry.errors import RegistryError
 from broker.schemaregistry.registry import SchemaRegistry
 
-VALUE_KEY = "confluent.value.schema.validation"
-KEY_KEY = "confluent.key.schema.validation"
 MAGIC = 0
 HEADER = 5  # magic byte + 4-byte schema id
 TTL_S = 5.0
 NO_REGISTRY = "schema validation is on but no registry"
 
-TopicConfig = Callable[[str], object]
 
 
 class WireFormatError(ValueError):
@@ -169,7 +167,8 @@ class SchemaValidator:
         """Raise InvalidRecords (INVALID_RECORD) if the topic validates keys or values and a
         record of `data` fails; return otherwise. Record sets that do not parse are left for
         append to reject with its own error."""
-        parts = [is_key for is_key, k in ((False, VALUE_KEY), (True, KEY_KEY)) if config(k)]
+        parts = [is_key for is_key, on in ((False, config.value_schema_validation),
+                                            (True, config.key_schema_validation)) if on]
         if not parts or not data:
             return
         try:

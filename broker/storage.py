@@ -166,7 +166,7 @@ class Storage(TopicTable):
             )
             if dup is not None:
                 return self._duplicate(dup)
-        log_append = str(t.config("message.timestamp.type")).lower() == "logappendtime"
+        log_append = t.config.log_append_time
         append_time = now_ms() if log_append else None
         count = sum(h.record_count for h in headers)
         max_ts = append_time if append_time is not None else max(h.max_timestamp for h in headers)
@@ -338,13 +338,10 @@ class Storage(TopicTable):
         moved = 0
         now = int(time.time() * 1000)
         for topic in list(self.topics.values()):
-            policy = topic.config("cleanup.policy")
-            assert isinstance(policy, list)
-            if "delete" not in policy:
+            if not topic.config.delete:
                 continue
-            retention_ms = topic.config("retention.ms")
-            retention_bytes = topic.config("retention.bytes")
-            assert isinstance(retention_ms, int) and isinstance(retention_bytes, int)
+            retention_ms = topic.config.retention_ms
+            retention_bytes = topic.config.retention_bytes
             for sid in list(topic.streams):
                 st = self.log.streams.get(sid)
                 if st is None:
@@ -358,34 +355,34 @@ class Storage(TopicTable):
 
     def maintenance_jobs(self, settings: Settings) -> list[MaintenanceJob]:
         compaction = CompactionSettings(
-            interval_ms=settings["compaction.interval.ms"],
-            min_age_ms=settings["compaction.min.age.ms"],
-            max_bytes_per_run=settings["compaction.max.bytes"],
-            stream_object_max_bytes=settings["stream.object.max.bytes"],
-            chunk_max_bytes=settings["stream.chunk.max.bytes"],
-            gc_delay_ms=settings["objects.gc.delay.ms"],
+            interval_ms=settings.compaction_interval_ms,
+            min_age_ms=settings.compaction_min_age_ms,
+            max_bytes_per_run=settings.compaction_max_bytes,
+            stream_object_max_bytes=settings.stream_object_max_bytes,
+            chunk_max_bytes=settings.stream_chunk_max_bytes,
+            gc_delay_ms=settings.objects_gc_delay_ms,
         )
         jobs = [
             MaintenanceJob(
                 "compaction",
-                settings["compaction.interval.ms"],
+                settings.compaction_interval_ms,
                 Compactor(self.log, compaction).run_once,
             ),
             MaintenanceJob(
-                "retention", settings["log.retention.check.interval.ms"], self.apply_retention
+                "retention", settings.log_retention_check_interval_ms, self.apply_retention
             ),
         ]
-        if settings["log.cleaner.enable"]:
+        if settings.log_cleaner_enable:
             cleaner = CleanerSettings(
-                backoff_ms=settings["log.cleaner.backoff.ms"],
-                max_keys=settings["log.cleaner.dedupe.buffer.size"] // BYTES_PER_KEY,
-                chunk_max_bytes=settings["stream.chunk.max.bytes"],
-                object_max_bytes=settings["stream.object.max.bytes"],
+                backoff_ms=settings.log_cleaner_backoff_ms,
+                max_keys=settings.log_cleaner_dedupe_buffer_size // BYTES_PER_KEY,
+                chunk_max_bytes=settings.stream_chunk_max_bytes,
+                object_max_bytes=settings.stream_object_max_bytes,
             )
             jobs.append(
                 MaintenanceJob(
                     "log cleaner",
-                    settings["log.cleaner.backoff.ms"],
+                    settings.log_cleaner_backoff_ms,
                     LogCleaner(self, cleaner).run_once,
                 )
             )

@@ -1,11 +1,88 @@
-"""A topic's table-topic settings (keys `table.topic.*`, AutoMQ's `automq.table.topic.*` too)."""
+"""Table-topic settings: tabletopic's topic config keys (`table.topic.*`, AutoMQ's
+`automq.table.topic.*` too), registered with the broker's topic config registry when this
+module is imported (broker.app, the composition root, imports it: before any topic is parsed),
+and `TableTopicConfig`, their typed view of a topic's parsed configs."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from broker.config import topic_config_value
+from broker.config import TOPIC_CONFIGS, ConfigDef, TopicConfig, positive
+
+OWNER = "tabletopic"
+PREFIX = "table.topic."
+ALIASES = {"automq.table.topic.": PREFIX}
+
+TABLE_TOPIC_CONFIGS = (
+    ConfigDef(PREFIX + "enable", "boolean", "false", "write the topic into an Iceberg table"),
+    ConfigDef(PREFIX + "namespace", "string", "default", "Iceberg namespace"),
+    ConfigDef(PREFIX + "name", "string", "", "table name (default: from the topic name)"),
+    ConfigDef(
+        PREFIX + "commit.interval.ms",
+        "long",
+        "5000",
+        "longest time between commits",
+        lambda v: 1 <= v <= 900_000,
+    ),
+    ConfigDef(
+        PREFIX + "commit.max.records",
+        "long",
+        "1000000",
+        "commit earlier once this many records are pending",
+        positive,
+    ),
+    ConfigDef(
+        PREFIX + "commit.max.bytes",
+        "long",
+        str(128 * 1024 * 1024),
+        "commit earlier once this many bytes are pending",
+        positive,
+    ),
+    ConfigDef(
+        PREFIX + "convert.value.type",
+        "string",
+        "raw",
+        "how values become columns",
+        choices=("raw", "string", "json", "by_schema_id", "by_latest_schema"),
+    ),
+    ConfigDef(
+        PREFIX + "convert.key.type",
+        "string",
+        "none",
+        "how keys become the _kafka_key column (none: no such column)",
+        choices=("none", "raw", "string", "json", "by_schema_id", "by_latest_schema"),
+    ),
+    ConfigDef(
+        PREFIX + "convert.key.subject",
+        "string",
+        "",
+        "by_latest_schema keys: the Schema Registry subject (default <topic>-key)",
+    ),
+    ConfigDef(
+        PREFIX + "convert.value.subject",
+        "string",
+        "",
+        "by_latest_schema: the Schema Registry subject (default <topic>-value)",
+    ),
+    ConfigDef(
+        PREFIX + "errors.tolerance",
+        "string",
+        "invalid_data",
+        "none: stop the partition; invalid_data/all: bad records go to the DLQ",
+        choices=("none", "invalid_data", "all"),
+    ),
+    ConfigDef(PREFIX + "dlq.topic", "string", "", "dead-letter topic (default <topic>.dlq)"),
+)
+
+
+def register() -> None:
+    """Make the broker accept (and DescribeConfigs list) the table.topic.* keys."""
+    TOPIC_CONFIGS.register(OWNER, TABLE_TOPIC_CONFIGS, ALIASES)
+
+
+register()
 
 _NOT_IDENT = re.compile(r"[^A-Za-z0-9_]")
 
@@ -28,30 +105,38 @@ class TableTopicConfig:
     tolerance: str  # none | invalid_data | all
     dlq_topic: str
     value_subject: str = ""  # by_latest_schema: the subject whose latest version reads values
+    key_type: str = "none"  # none (no _kafka_key column) | raw | string | json | by_schema_id | ...
+    key_subject: str = ""  # by_latest_schema keys
 
     @property
     def identifier(self) -> tuple[str, str]:
         return (self.namespace, self.table)
 
     @classmethod
-    def of(cls, topic: str, configs: dict[str, str]) -> TableTopicConfig:
-        def get(key: str) -> object:
-            return topic_config_value(configs, f"table.topic.{key}")
+    def of(cls, topic: str, config: TopicConfig | Mapping[str, str]) -> TableTopicConfig:
+        """The table-topic view of a topic's parsed configs (or of raw ones, parsed here)."""
+        if not isinstance(config, TopicConfig):
+            config = TopicConfig.parse(config)
 
-        interval = get("commit.interval.ms")
-        max_records = get("commit.max.records")
-        max_bytes = get("commit.max.bytes")
-        assert isinstance(interval, int) and isinstance(max_records, int)
-        assert isinstance(max_bytes, int)
+        def num(key: str) -> int:
+            v = config.get(PREFIX + key)
+            assert isinstance(v, int)
+            return v
+
+        def text(key: str) -> str:
+            return str(config.get(PREFIX + key))
+
         return cls(
-            enabled=bool(get("enable")),
-            namespace=str(get("namespace")) or "default",
-            table=str(get("name")) or default_table_name(topic),
-            commit_interval_s=interval / 1000,
-            commit_max_records=max_records,
-            commit_max_bytes=max_bytes,
-            value_type=str(get("convert.value.type")),
-            tolerance=str(get("errors.tolerance")),
-            dlq_topic=str(get("dlq.topic")) or f"{topic}.dlq",
-            value_subject=str(get("convert.value.subject")) or f"{topic}-value",
+            enabled=config.get(PREFIX + "enable") is True,
+            namespace=text("namespace") or "default",
+            table=text("name") or default_table_name(topic),
+            commit_interval_s=num("commit.interval.ms") / 1000,
+            commit_max_records=num("commit.max.records"),
+            commit_max_bytes=num("commit.max.bytes"),
+            value_type=text("convert.value.type"),
+            tolerance=text("errors.tolerance"),
+            dlq_topic=text("dlq.topic") or f"{topic}.dlq",
+            value_subject=text("convert.value.subject") or f"{topic}-value",
+            key_type=text("convert.key.type"),
+            key_subject=text("convert.key.subject") or f"{topic}-key",
         )

@@ -47,7 +47,7 @@ class TableTopics:
         wanted = set()
         for name, topic in self.storage.topics.items():
             try:
-                if TableTopicConfig.of(name, topic.configs).enabled:
+                if TableTopicConfig.of(name, topic.config).enabled:
                     wanted.add(name)
             except Exception:
                 log.exception("table topic config of %s", name)

@@ -94,7 +94,7 @@ class TableWriter:
 
     @property
     def config(self) -> TableTopicConfig:
-        return TableTopicConfig.of(self.topic, self.storage.topic(self.topic).configs)
+        return TableTopicConfig.of(self.topic, self.storage.topic(self.topic).config)
 
     def stop(self) -> None:
         self._stop.set()

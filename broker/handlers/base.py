@@ -80,7 +80,7 @@ class BrokerContext:
 
     @property
     def max_wait_cap_s(self) -> float:
-        return float(self.settings["fetch.max.wait.cap.ms"]) / 1000
+        return self.settings.fetch_max_wait_cap_ms / 1000
 
 
 class ApiTypes(Generic[Rq, Rs]):

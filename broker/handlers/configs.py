@@ -151,7 +151,7 @@ def _topic_entry(
     broker_key = TOPIC_BROKER_DEFAULTS.get(d.name)
     if broker_key is not None:
         if ctx.settings.sources.get(broker_key, "default") != "default":
-            chain.append((broker_key, _fmt(ctx.settings[broker_key]), SOURCE_STATIC_BROKER))
+            chain.append((broker_key, _fmt(ctx.settings.values[broker_key]), SOURCE_STATIC_BROKER))
         chain.append((broker_key, BROKER_CONFIGS[broker_key].default, SOURCE_DEFAULT))
     else:
         chain.append((d.name, d.default, SOURCE_DEFAULT))

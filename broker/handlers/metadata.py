@@ -88,7 +88,7 @@ async def metadata(
         allow = (
             (isinstance(req, MetadataV0 | MetadataV1 | MetadataV2 | MetadataV3)
              or req.allow_auto_topic_creation)
-            and ctx.settings["auto.create.topics.enable"]
+            and ctx.settings.auto_create_topics_enable
         )
         for rt in requested:
             name = rt.name
@@ -105,7 +105,7 @@ async def metadata(
             if t is None and allow:
                 try:
                     check_topic_name(name)
-                    t = await storage.create_topic(name, ctx.settings["num.partitions"], {})
+                    t = await storage.create_topic(name, ctx.settings.num_partitions, {})
                 except KafkaError as e:
                     if e.code != ErrorCode.topic_already_exists:
                         topics.append(_error_topic(head, name, e.code))

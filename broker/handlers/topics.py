@@ -49,7 +49,7 @@ async def create_topics(
     result_cls = nested(head, "CreatableTopicResult")
     results = []
     seen: set[str] = set()
-    default_partitions = ctx.settings["num.partitions"]
+    default_partitions = ctx.settings.num_partitions
     too_many = sum(
         len(t.assignments) if t.assignments else
         default_partitions if t.num_partitions == -1 else max(t.num_partitions, 0)
@@ -80,9 +80,9 @@ async def create_topics(
                         ErrorCode.invalid_replica_assignment, f"only broker {ctx.node_id} exists"
                     )
             if partitions == -1:
-                partitions = ctx.settings["num.partitions"]
+                partitions = ctx.settings.num_partitions
             if rf == -1:
-                rf = ctx.settings["default.replication.factor"]
+                rf = ctx.settings.default_replication_factor
             if rf <= 0 or rf > BROKER_COUNT:
                 raise KafkaError(
                     ErrorCode.invalid_replication_factor,

@@ -15,11 +15,11 @@ def test_precedence_flags_env_file_defaults(tmp_path: Path) -> None:
     )
     env = {"FLOE_NUM_PARTITIONS": "6", "FLOE_NODE_ID": "5"}
     s = load_settings({"node.id": "9"}, str(f), env)
-    assert s["node.id"] == 9 and s.sources["node.id"] == "flag"
-    assert s["num.partitions"] == 6 and s.sources["num.partitions"].startswith("env")
-    assert s["listen"] == "127.0.0.1:1111" and s.sources["listen"].startswith("file")
-    assert s["auto.create.topics.enable"] is False
-    assert s["socket.request.max.bytes"] == 100 * 1024 * 1024
+    assert s.node_id == 9 and s.sources["node.id"] == "flag"
+    assert s.num_partitions == 6 and s.sources["num.partitions"].startswith("env")
+    assert s.listen == ("127.0.0.1", 1111) and s.sources["listen"].startswith("file")
+    assert s.auto_create_topics_enable is False
+    assert s.socket_request_max_bytes == 100 * 1024 * 1024
     assert s.object_store_url.startswith("file://")
     assert s.metadata_url.startswith("sqlite:///")
 

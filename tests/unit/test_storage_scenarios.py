@@ -110,7 +110,7 @@ async def test_topics_are_created_listed_grown_and_deleted(engine: StorageEngine
     t = await engine.create_topic("orders", 3, {"retention.ms": "60000"})
     assert engine.topics["orders"] is t and engine.topics_by_id[t.topic_id] is t
     assert t.partitions == 3 and engine.offsets("orders", 2) == (0, 0)
-    assert t.config("retention.ms") == 60000
+    assert t.config.retention_ms == 60000
     with pytest.raises(KafkaError) as e:
         await engine.create_topic("orders", 1, {})
     assert code_of(e) == ErrorCode.topic_already_exists
@@ -257,7 +257,7 @@ async def test_everything_acknowledged_survives_a_restart(durable_settings: Sett
     e = await open_engine(settings)
     try:
         t = e.topic("r")
-        assert t.topic_id == topic_id and t.config("retention.ms") == 86400000
+        assert t.topic_id == topic_id and t.config.retention_ms == 86400000
         assert e.offsets("r", 0) == (0, 2) and e.offsets("r", 1) == (1, 2)
         assert await values_from(e, "r", 0, 0) == [(0, b"a"), (1, b"b")]
         assert await values_from(e, "r", 1, 1) == [(1, b"d")]

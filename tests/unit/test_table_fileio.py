@@ -90,5 +90,5 @@ def test_default_orphan_age_outlasts_any_commit() -> None:
     """Files a Spark rewrite (or any writer) wrote but has not committed yet are protected
     only by the age; the default is Iceberg's own, three days."""
     settings = load_settings({}, environ={})
-    assert settings["table.orphan.min.age.ms"] == 3 * 24 * 3600 * 1000
+    assert settings.table_orphan_min_age_ms == 3 * 24 * 3600 * 1000
     assert ORPHAN_MIN_AGE_S == 3 * 24 * 3600
