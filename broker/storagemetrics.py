@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from broker.health import PROBE_KEY, HealthCheck
 from broker.metrics import histogram_family
 from s3stream.metadata import redact_url
-from s3stream.objectstore import ObjectNotFoundError, ObjectStore
+from s3stream.objectstore import ObjectNotFoundError, ObjectStore, RetryingObjectStore
 from s3stream.stats import ObjectStoreStats
 
 if TYPE_CHECKING:
@@ -35,15 +35,17 @@ def health_checks(
     """Probes of the object store (an absent object: not-found proves it reachable and the
     credentials accepted; one attempt, no retries) with the errors of its own traffic, and of
     the metadata database (`metadata_probe`: a trivial query); see broker/health.py."""
-    backend: ObjectStore = getattr(objects, "inner", objects)  # RetryingObjectStore's backend
+    retrying = objects if isinstance(objects, RetryingObjectStore) else None
+    backend = retrying.inner if retrying is not None else objects
 
     async def probe_objects() -> None:
         with contextlib.suppress(ObjectNotFoundError):
             await backend.get(PROBE_KEY)
 
     def traffic_error() -> tuple[str, float]:
-        st = getattr(objects, "stats", None)
-        return (st.last_error, st.last_error_at) if isinstance(st, ObjectStoreStats) else ("", 0)
+        if retrying is None:
+            return ("", 0.0)
+        return (retrying.stats.last_error, retrying.stats.last_error_at)
 
     return [
         HealthCheck("object_store", redact_url(object_store_url), probe_objects, traffic_error),
@@ -60,9 +62,8 @@ class StorageCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self.wal_and_cache()
-        stats = getattr(self.objects, "stats", None)
-        if isinstance(stats, ObjectStoreStats):
-            yield from object_store_families(stats)
+        if isinstance(self.objects, RetryingObjectStore):  # it counts every attempt
+            yield from object_store_families(self.objects.stats)
 
     def wal_and_cache(self) -> Iterator[Metric]:
         log = self.log
