@@ -37,6 +37,7 @@ from tabletopic.contract import OFFSETS
 from tabletopic.contract import table_properties as floe_table_properties
 from tabletopic.convert import Converter, Invalid
 from tabletopic.dlq import DeadLetters
+from tabletopic.keyconvert import KeyedConverter, converter, schema_parts
 from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
 from tabletopic.schemaconvert import SchemaById, SchemaConverter, StoredSchemaLike
 
@@ -81,7 +82,7 @@ class TableWriter:
         self.storage = storage
         self.catalog = catalog
         self.parts: dict[int, PartitionState] = {}
-        self.converter: Converter | SchemaConverter | None = None
+        self.converter: Converter | SchemaConverter | KeyedConverter | None = None
         self.dlq: DeadLetters | None = None
         self.last_commit: float | None = None
         self.last_error: str | None = None
@@ -146,11 +147,7 @@ class TableWriter:
         table = await asyncio.to_thread(self._load_or_create, cfg)
         offsets = table_offsets(table)
         known = table.schema().as_arrow()
-        self.converter = (
-            SchemaConverter(cfg.value_type, known)
-            if cfg.value_type in ("by_schema_id", "by_latest_schema")
-            else Converter(cfg.value_type, known)
-        )
+        self.converter = converter(cfg, known)
         self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
         self.parts = {}
         for p in range(len(self.storage.topic(self.topic).streams)):
@@ -211,8 +208,8 @@ class TableWriter:
                 last = h.next_offset
             if not data:
                 continue
-            if isinstance(self.converter, SchemaConverter):
-                await self._fetch_schemas(self.converter, recs)
+            for conv, conv_recs, subject in schema_parts(self.converter, recs, cfg):
+                await self._fetch_schemas(conv, conv_recs, subject)
             table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
             if dead and cfg.tolerance == "none":
                 first = dead[0].record.offset
@@ -230,14 +227,15 @@ class TableWriter:
             progressed = True
         return progressed
 
-    async def _fetch_schemas(self, conv: SchemaConverter, recs: list[Record]) -> None:
+    async def _fetch_schemas(
+        self, conv: SchemaConverter, recs: list[Record], subject: str
+    ) -> None:
         """Give the converter every writer schema these records need: their ids (by_schema_id)
         or the subject's latest version (by_latest_schema), with the schemas they reference.
         What the registry does not hold (40401/40402/40403) or a registry that is off makes
         those records invalid (the reason goes to the DLQ); any other registry error is
         raised: the writer retries, nothing is lost."""
         if conv.value_type == "by_latest_schema":
-            subject = self.config.value_subject
             if self.schemas is None:
                 conv.latest, conv.latest_error = None, "the schema registry is off"
                 return
