@@ -61,19 +61,6 @@ TABLE_TOPIC_CONFIGS = (
         "by_latest_schema keys: the Schema Registry subject (default <topic>-key)",
     ),
     ConfigDef(
-        PREFIX + "convert.key.type",
-        "string",
-        "none",
-        "how keys become the _kafka_key column (none: no such column)",
-        choices=("none", "raw", "string", "json", "by_schema_id", "by_latest_schema"),
-    ),
-    ConfigDef(
-        PREFIX + "convert.key.subject",
-        "string",
-        "",
-        "by_latest_schema keys: the Schema Registry subject (default <topic>-key)",
-    ),
-    ConfigDef(
         PREFIX + "convert.value.subject",
         "string",
         "",
@@ -120,8 +107,6 @@ class TableTopicConfig:
     value_subject: str = ""  # by_latest_schema: the subject whose latest version reads values
     key_type: str = "none"  # none (no _kafka_key column) | raw | string | json | by_schema_id | ...
     key_subject: str = ""  # by_latest_schema keys
-    key_type: str = "none"  # none (no _kafka_key column) | raw | string | json | by_schema_id | ...
-    key_subject: str = ""  # by_latest_schema keys
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -152,8 +137,6 @@ class TableTopicConfig:
             tolerance=text("errors.tolerance"),
             dlq_topic=text("dlq.topic") or f"{topic}.dlq",
             value_subject=text("convert.value.subject") or f"{topic}-value",
-            key_type=text("convert.key.type"),
-            key_subject=text("convert.key.subject") or f"{topic}-key",
             key_type=text("convert.key.type"),
             key_subject=text("convert.key.subject") or f"{topic}-key",
         )
