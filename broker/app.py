@@ -27,6 +27,7 @@ from s3stream.compaction import CompactionStats
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store, redact_url
 from s3stream.objectstore import open_object_store
+from tabletopic import config as _table_configs  # noqa: F401  registers table.topic.*
 from tabletopic.catalog import open_catalog
 from tabletopic.manager import TableTopics
 
