@@ -25,7 +25,7 @@ the latest record of each key and drops the rest:
   record timestamps unchanged); a later cleaning after the horizon removes them.
 - Keyless records (only possible if written before the topic became compacted) are removed,
   as Kafka's cleaner does; produce refuses them on compacted topics.
-- Idempotent producer state lives in the metadata store (`producer_batches`), not in the log,
+- Idempotent producer state lives in the metadata store (`kafka_producer_batches`), not in the log,
   so no batch is kept only for it; kept batches keep producer id, epoch and base sequence.
 - Memory: the key -> latest offset map holds 16-byte BLAKE2b digests of keys (Kafka's
   SkimpyOffsetMap uses MD5 the same way), at most `max_keys`; it takes whole chunks from the

@@ -4,7 +4,8 @@ For each partition and producer id the last five batches are remembered (sequenc
 offsets). A batch is checked against the *pending* view (which includes batches still being
 made durable, since a producer pipelines requests); the *durable* view follows the log's
 commits and is what the pending view falls back to when a flush fails. The durable view is
-also what the metadata store keeps, so the checks survive restarts.
+also what the metadata store keeps (broker.metadata.producers, written by the WAL's own
+commit), so the checks survive restarts.
 
 Both views change synchronously with the log (`LogStore.on_durable` / `on_failed` call
 `durable_append` / `failed_streams` at the commit or the failure itself): were the reset left
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ErrorCode, KafkaError
+from broker.metadata.model import PRODUCER_BATCHES_KEPT, ProducerBatchRow
 from s3stream.log import ProducerBatch
-from s3stream.metadata import PRODUCER_BATCHES_KEPT, ProducerBatchRow
 
 SEQ_MODULUS = 2**31
 

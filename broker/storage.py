@@ -1,9 +1,13 @@
 """The s3stream storage engine: topics, partitions, append, read, offsets on top of s3stream
 (object WAL + metadata store), behind the `broker.engine.StorageEngine` interface.
 
+Topics, partitions (each one s3stream stream), producer state and group offsets live in
+broker.metadata's tables (`kafka`), on the same database and transactions as s3stream's
+streams and objects (`meta`); producer rows go into the WAL's own commit.
+
 Its maintenance is internal: compaction, retention and the log cleaner come out of
 `maintenance_jobs` for the composition root to schedule; nothing outside the engine touches
-`log`, `meta` or `producers`.
+`log`, `meta`, `kafka` or `producers`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
 from broker.health import HealthCheck
 from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
+from broker.metadata import KafkaMetadata, TopicRow, producer_rows
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
 from broker.retention import retention_start
@@ -44,7 +49,7 @@ from s3stream.log import (
     WalSettings,
     now_ms,
 )
-from s3stream.metadata import MetadataError, SqliteMetadataStore, TopicRow
+from s3stream.metadata import MetadataError, SqliteMetadataStore
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -55,32 +60,34 @@ class Storage(TopicTable):
         super().__init__()
         self.objects = objects
         self.meta = meta
+        self.kafka = KafkaMetadata(meta)
         self.log = LogStore(objects, meta, wal)
         # broker settings that are topic config defaults (config.topic_defaults); set by app
         self.topic_defaults: dict[str, str] = {}
         self.cluster_id = ""
-        self.group_offsets: GroupOffsetBackend = meta
+        self.group_offsets: GroupOffsetBackend = self.kafka
         self.producers = ProducerStates()
+        self.log.commit_attachments = producer_rows  # producer state commits with the data
         self.log.on_durable = self.producers.durable_append  # synchronous: see producers.py
         self.log.on_failed = self.producers.failed_streams
         self._topic_lock = asyncio.Lock()
 
     async def open(self) -> None:
-        await self.meta.open()
+        await self.kafka.open()
         self.cluster_id = await self.meta.cluster_id()
-        topic_rows, streams, chunks = await self.meta.load()
-        for t in topic_rows:
+        state = await self.kafka.load()
+        for t in state.topics:
             self._add_topic(t)
-        for s in sorted(streams, key=lambda s: s.partition):
-            topic = self.topics.get(s.topic)
-            if topic is not None and s.partition == len(topic.streams):
-                topic.streams.append(s.stream_id)
-        await self.log.open(streams, chunks)
-        self.producers.load(await self.meta.load_producers())
+        for p in state.partitions:  # in partition order
+            topic = self.topics.get(p.topic)
+            if topic is not None and p.partition == len(topic.streams):
+                topic.streams.append(p.stream_id)
+        await self.log.open(state.streams, state.chunks)
+        self.producers.load(state.producers)
 
     async def close(self) -> None:
         await self.log.close()
-        await self.meta.close()
+        await self.kafka.close()
         await self.objects.close()
 
     def _add_topic(self, row: TopicRow) -> Topic:
@@ -96,7 +103,7 @@ class Storage(TopicTable):
         async with self._topic_lock:
             valid = self.check_new_topic(name, partitions, configs)
             try:
-                row, streams = await self.meta.create_topic(name, partitions, valid)
+                row, streams = await self.kafka.create_topic(name, partitions, valid)
             except MetadataError as e:
                 if e.retriable:  # the metadata database is unreachable: try again later
                     raise KafkaError(ErrorCode.request_timed_out, str(e)) from None
@@ -110,7 +117,7 @@ class Storage(TopicTable):
     async def delete_topic(self, name: str) -> None:
         async with self._topic_lock:
             t = self.topic(name)
-            await self.meta.delete_topic(name)
+            await self.kafka.delete_topic(name)
             del self.topics[name]
             self.topics_by_id.pop(t.topic_id, None)
             for sid in t.streams:
@@ -127,7 +134,7 @@ class Storage(TopicTable):
                 )
             if validate_only:
                 return
-            for s in await self.meta.add_partitions(name, len(t.streams), total - len(t.streams)):
+            for s in await self.kafka.add_partitions(name, len(t.streams), total - len(t.streams)):
                 self.log.add_stream(s)
                 t.streams.append(s.stream_id)
 
@@ -138,7 +145,7 @@ class Storage(TopicTable):
         valid = self.valid_configs(configs)
         if validate_only:
             return
-        await self.meta.set_topic_configs(name, valid)
+        await self.kafka.set_topic_configs(name, valid)
         t.configs = valid
 
     # -- produce ---------------------------------------------------------------------------
@@ -239,7 +246,7 @@ class Storage(TopicTable):
         """A new idempotent producer id (epoch 0), or, for a known one, its next epoch."""
         if producer_id >= 0 and 0 <= epoch < 2**15 - 1:
             return producer_id, epoch + 1
-        return await self.meta.next_producer_id(), 0
+        return await self.kafka.next_producer_id(), 0
 
     # -- offsets and reads -----------------------------------------------------------------
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, Stream, UnknownStreamError, wake_readers
-from s3stream.metadata import ChunkRow, SqliteMetadataStore, StreamRow
+from s3stream.metadata import ChunkRow, CommitAttachment, SqliteMetadataStore, StreamRow
 from s3stream.objectstore import ObjectStore
 from s3stream.reader import (
     READ_ATTEMPTS,
@@ -33,7 +33,7 @@ from s3stream.reader import (
     check_contiguous,
 )
 from s3stream.stats import LogStats
-from s3stream.wal import ProducerBatch, StreamWriteError, WalMixin, WalSettings
+from s3stream.wal import Carried, ProducerBatch, StreamWriteError, WalMixin, WalSettings
 
 __all__ = [  # the names others import from here
     "READ_ATTEMPTS",
@@ -73,6 +73,8 @@ class LogStore(WalMixin, ReaderMixin):
         # producer bookkeeping, called synchronously (see s3stream.wal)
         self.on_durable: Callable[[int, ProducerBatch, int, int], None] | None = None
         self.on_failed: Callable[[set[int]], None] | None = None
+        self.commit_attachments: Callable[[list[Carried]], Sequence[CommitAttachment]] | None
+        self.commit_attachments = None  # what a flush's commit carries besides the chunks
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self, streams: Iterable[StreamRow], chunks: Iterable[ChunkRow]) -> None:

@@ -19,13 +19,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from s3stream import walformat
 from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, IndexMixin, Stream, UnknownStreamError, wake_readers
-from s3stream.metadata import ChunkRow, ProducerBatchRow, SqliteMetadataStore
+from s3stream.metadata import ChunkRow, CommitAttachment, SqliteMetadataStore
 from s3stream.objectstore import ObjectStore
 from s3stream.stats import LogStats
 
@@ -46,9 +46,10 @@ class WalSettings:
 
 @dataclass(frozen=True, slots=True)
 class ProducerBatch:
-    """What an idempotent append commits with its data: the metadata transaction that makes
-    the data part of the log stores it (so sequence checks survive restarts), and `on_durable`
-    hands it back; the log does not interpret it."""
+    """What an idempotent append carries with its data: `commit_attachments` turns the ones of
+    a flush into writes of the metadata transaction that makes the data part of the log (so
+    sequence checks survive restarts), and `on_durable` hands it back; the log does not
+    interpret it."""
 
     producer_id: int
     epoch: int
@@ -67,6 +68,9 @@ class _Pending:
     producer: ProducerBatch | None
 
 
+Carried = tuple[int, ProducerBatch, int, int]
+
+
 class WalMixin(IndexMixin):
     """The write path of `s3stream.log.LogStore` (which sets these attributes and calls
     `_init_wal`)."""
@@ -79,6 +83,9 @@ class WalMixin(IndexMixin):
     stats: LogStats
     on_durable: Callable[[int, ProducerBatch, int, int], None] | None
     on_failed: Callable[[set[int]], None] | None
+    # (stream id, what the append carried, base offset, last offset) of a flush's appends
+    # that carried something -> what the layer above adds to the flush's commit_object
+    commit_attachments: Callable[[list[Carried]], Sequence[CommitAttachment]] | None
 
     def _init_wal(self) -> None:
         self._pending: list[_Pending] = []
@@ -100,8 +107,8 @@ class WalMixin(IndexMixin):
     ) -> tuple[int, asyncio.Future[int]]:
         """Assign `record_count` offsets, encode the data with its base offset, and queue it.
 
-        `producer` is committed in the same metadata transaction as the data, so sequence
-        checks survive restarts.
+        `producer` goes with the data to `commit_attachments`, which may make it part of the
+        same metadata transaction (the broker stores producer state there).
         Returns (base offset, future resolved with the base offset once durable)."""
         if self._closed:
             raise StreamWriteError("log store is closing")
@@ -196,20 +203,13 @@ class WalMixin(IndexMixin):
             )
             for e in entries
         ]
-        producers = [
-            ProducerBatchRow(
-                p.stream.stream_id,
-                p.producer.producer_id,
-                p.producer.epoch,
-                p.producer.first_seq,
-                p.producer.last_seq,
-                p.base_offset,
-                p.last_offset,
-            )
+        carried = [
+            (p.stream.stream_id, p.producer, p.base_offset, p.last_offset)
             for p in batch
             if p.producer is not None
         ]
-        live = await self.meta.commit_object(object_id, key, len(blob), rows, producers)
+        attachments = self.commit_attachments(carried) if self.commit_attachments else ()
+        live = await self.meta.commit_object(object_id, key, len(blob), rows, attachments)
         self._object_keys[object_id] = key
         self.flushes += 1
         # durable and committed: only now do the streams' end offsets move and futures resolve

@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from s3stream.metadata import OffsetRow
+from broker.metadata.model import OffsetRow
 
 MAX_METADATA_BYTES = 4096  # offset.metadata.max.bytes
 
 
 class GroupOffsetBackend(Protocol):
-    """Where a storage engine keeps committed offsets (the s3stream engine: its metadata
-    store; the null engine: memory). Each call is all or none, durable on return."""
+    """Where a storage engine keeps committed offsets (the s3stream engine: its Kafka
+    metadata, broker.metadata; the null engine: memory). Each call is all or none, durable
+    on return."""
 
     async def load_offsets(self) -> list[OffsetRow]: ...
 

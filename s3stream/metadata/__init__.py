@@ -1,7 +1,8 @@
-"""The metadata store: topics, streams, objects, the chunk index, producer and group state.
+"""The metadata store: streams, objects and the chunk index (nothing of Kafka: topics,
+partitions, producer and group state are broker.metadata's tables, in the same database).
 
-One store (`MetadataStore`, in .store with its mixins .maintenance and .offsets, plumbing in
-.base) runs on either backend, chosen by URL with `open_metadata_store`:
+One store (`MetadataStore`, in .store with its mixin .maintenance, plumbing in .base)
+runs on either backend, chosen by URL with `open_metadata_store`:
 - `sqlite:///path/meta.db` (embedded; `sqlite:////abs/path` for an absolute path),
 - `postgresql://user:password@host:port/database` (shared by brokers; psycopg 3).
 The backends differ only in what .backend describes (a dialect and a connection).
@@ -16,17 +17,14 @@ from urllib.parse import urlparse
 from s3stream.metadata.backend import Backend, redact_url
 from s3stream.metadata.migrations import SchemaTooNewError
 from s3stream.metadata.model import (
-    PRODUCER_BATCHES_KEPT,
     ChunkRow,
+    CommitAttachment,
     CommitInDoubtError,
     MetadataError,
     MetadataUnavailableError,
     ObjectRow,
     OffsetConflictError,
-    OffsetRow,
-    ProducerBatchRow,
     StreamRow,
-    TopicRow,
     TransactionRetryError,
 )
 from s3stream.metadata.store import MetadataStore
@@ -36,20 +34,17 @@ from s3stream.metadata.store import MetadataStore
 SqliteMetadataStore = MetadataStore
 
 __all__ = [
-    "PRODUCER_BATCHES_KEPT",
     "ChunkRow",
+    "CommitAttachment",
     "CommitInDoubtError",
     "MetadataError",
     "MetadataStore",
     "MetadataUnavailableError",
     "ObjectRow",
     "OffsetConflictError",
-    "OffsetRow",
-    "ProducerBatchRow",
     "SchemaTooNewError",
     "SqliteMetadataStore",
     "StreamRow",
-    "TopicRow",
     "TransactionRetryError",
     "open_metadata_store",
     "redact_url",

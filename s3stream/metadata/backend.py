@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+# Migration 1's tables, as they were when versions started being recorded (see .migrations:
+# later migrations change them; the Kafka tables here now belong to broker.metadata).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS topics(

@@ -1,8 +1,8 @@
 """Numbered schema migrations, one version per component, recorded in `schema_version`.
 
-A component (the store's own tables, "s3stream.metadata"; the Schema Registry's, and later any
-broker-level module) owns a list of migrations: migration N (1-based) takes its tables from
-version N-1 to N. `run_migrations` brings one component up to date:
+A component (the store's own tables, "s3stream.metadata"; the broker's Kafka tables,
+"broker.metadata"; the Schema Registry's) owns a list of migrations: migration N (1-based)
+takes its tables from version N-1 to N. `run_migrations` brings one component up to date:
 - it creates `schema_version(component, version, applied_at)` if missing; one row per applied
   version (applied_at in ms since the epoch, 0 for a version found already in place), the
   component's version being the highest;
@@ -124,6 +124,15 @@ def run_migrations(
             _record(db, component.name, version + 1, int(time.time() * 1000))
 
 
+LEGACY_HANDOVER = """
+CREATE TABLE legacy_stream_partitions AS
+    SELECT stream_id, topic, partition FROM streams WHERE deleted = 0;
+DROP INDEX IF EXISTS streams_live;
+ALTER TABLE streams DROP COLUMN topic;
+ALTER TABLE streams DROP COLUMN partition
+"""
+
+
 def _store_legacy_version(db: Connection, dialect: Dialect) -> int:
     """A store made before `schema_version` existed has exactly migration 1's tables."""
     return 1 if table_exists(db, dialect, "topics") else 0
@@ -139,6 +148,13 @@ STORE = Component(
         # WHERE c.object_id = o.object_id) and compaction's chunks_of_objects scanned the
         # whole chunk index once per object without it.
         sql_migration("CREATE INDEX IF NOT EXISTS chunks_object ON chunks(object_id)"),
+        # 3: s3stream knows streams, not Kafka partitions. A live stream's topic and partition
+        # are handed over in `legacy_stream_partitions(stream_id, topic, partition)` and the
+        # columns dropped. The other Kafka tables migration 1 made (`topics`,
+        # `producer_batches`, `group_offsets`, meta['next_producer_id']) are no longer this
+        # component's: left as they are for their owner (broker.metadata's migration 1 moves
+        # and drops them, and the hand-over table).
+        sql_migration(LEGACY_HANDOVER),
     ],
     _store_legacy_version,
 )

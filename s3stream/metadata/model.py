@@ -1,12 +1,12 @@
-"""What the metadata store hands out and raises: row types and errors."""
+"""What the metadata store hands out, takes and raises: row types, commit attachments, errors."""
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-PRODUCER_BATCHES_KEPT = 5  # per stream and producer, like Kafka
+if TYPE_CHECKING:
+    from s3stream.metadata.backend import Connection
 
 
 class MetadataError(Exception):
@@ -41,17 +41,8 @@ class TransactionRetryError(MetadataError):
 
 
 @dataclass(frozen=True, slots=True)
-class TopicRow:
-    name: str
-    topic_id: uuid.UUID
-    configs: dict[str, str]
-
-
-@dataclass(frozen=True, slots=True)
 class StreamRow:
     stream_id: int
-    topic: str
-    partition: int
     start_offset: int
     end_offset: int
 
@@ -68,33 +59,26 @@ class ChunkRow:
 
 
 @dataclass(frozen=True, slots=True)
-class ProducerBatchRow:
-    """One idempotent batch of a stream: what sequence checks after a restart need."""
-
-    stream_id: int
-    producer_id: int
-    epoch: int
-    first_seq: int
-    last_seq: int
-    base_offset: int
-    last_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetRow:
-    group_id: str
-    topic: str
-    partition: int
-    committed_offset: int
-    leader_epoch: int
-    metadata: str | None
-    commit_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class ObjectRow:
     object_id: int
     key: str
     size: int
     kind: str
     created_ms: int
+
+
+class CommitAttachment(Protocol):
+    """What the layer above adds to a `commit_object` transaction: guards (checks that raise
+    to refuse the commit, e.g. a leader epoch or lease) and attachments (its own rows that
+    must become durable exactly when the chunks do, e.g. producer state). s3stream does not
+    interpret them; it runs them inside the commit's transaction, on the store's thread."""
+
+    def apply(self, db: Connection, live: set[int]) -> None:
+        """Inside the commit's transaction, after the chunks and end offsets are written;
+        `live` are the committed streams that still exist. Raising aborts the commit (nothing
+        of it is written) and the exception reaches commit_object's caller."""
+
+    def undo(self, db: Connection, undone: list[ChunkRow]) -> None:
+        """Inside the transaction that takes back a commit whose COMMIT was in doubt (see
+        s3stream.metadata.base): reverse what `apply` wrote for the chunks in `undone`, the
+        ones actually taken back (a stream written since keeps its commit)."""

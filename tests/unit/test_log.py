@@ -18,7 +18,7 @@ from tests.faults import FaultyStore
 async def env(tmp_path: Path) -> AsyncIterator[tuple[LogStore, FaultyStore, int]]:
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _topic, streams = await meta.create_topic("t", 1, {})
+    streams = await meta.create_streams(1)
     store = FaultyStore(MemoryObjectStore())
     log = LogStore(store, meta, WalSettings(flush_interval_ms=1))
     await log.open(streams, [])
@@ -73,7 +73,7 @@ async def test_transient_put_errors_are_retried(tmp_path: Path) -> None:
 
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _topic, streams = await meta.create_topic("t", 1, {})
+    streams = await meta.create_streams(1)
     faulty = FaultyStore(MemoryObjectStore())
     faulty.fail_puts = 2  # two 503s, then fine: retried by the object store's retry layer
     log = LogStore(
@@ -94,12 +94,12 @@ async def test_metadata_guard_refuses_a_second_commit_of_an_offset(tmp_path: Pat
 
     meta = SqliteMetadataStore(tmp_path / "m.db")
     await meta.open()
-    _t, (s,) = await meta.create_topic("t", 1, {})
+    (s,) = await meta.create_streams(1)
     row = ChunkRow(s.stream_id, 0, 9, 1, 24, 100, 0)
     await meta.commit_object(1, "wal/1", 200, [row])
     with pytest.raises(OffsetConflictError):
         await meta.commit_object(2, "wal/2", 200, [ChunkRow(s.stream_id, 0, 9, 2, 24, 100, 0)])
-    _topics, streams, chunks = await meta.load()
+    streams, chunks = await meta.load()
     assert streams[0].end_offset == 10 and len(chunks) == 1
     await meta.close()
 
@@ -116,7 +116,7 @@ async def test_catch_up_reads_coalesce_following_chunks(tmp_path: Path) -> None:
 
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _t, streams = await meta.create_topic("t", 1, {})
+    streams = await meta.create_streams(1)
     store = Counting()
     log = LogStore(store, meta, WalSettings(readahead_bytes=250))
     await log.open(streams, [])

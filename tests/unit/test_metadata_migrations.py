@@ -4,7 +4,8 @@ recorded (today's v1 tables, no `schema_version`) is recorded as version 1 with 
 untouched; pending migrations apply once each, in their own transaction (a failing one leaves
 the last complete version); a version newer than the code is refused and nothing is written;
 brokers opening one database together apply a migration once; the Schema Registry's tables
-use the same runner, and its pre-runner version in `meta` is carried over."""
+use the same runner, and its pre-runner version in `meta` is carried over. Migration 3 hands
+the Kafka tables over to broker.metadata, whose migration 1 moves their rows into its own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from broker.metadata import KafkaMetadata
 from broker.schemaregistry.store import COMPONENT as REGISTRY
 from broker.schemaregistry.store import RegistryStore
 from s3stream.metadata import MetadataStore, SchemaTooNewError, open_metadata_store
@@ -32,6 +34,7 @@ V1_ROWS = [
     "INSERT INTO group_offsets VALUES ('g', 't', 0, 2, -1, NULL, 5)",
 ]
 TABLES = ["meta", "topics", "streams", "objects", "chunks", "producer_batches", "group_offsets"]
+STORE_VERSIONS = [("s3stream.metadata", 1), ("s3stream.metadata", 2), ("s3stream.metadata", 3)]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -94,7 +97,7 @@ async def test_a_new_database_is_at_the_latest_version_and_a_second_open_is_a_no
 ) -> None:
     await open_close(url)
     rows = await in_store(url, versions)
-    assert [(c, v) for c, v, _ in rows] == [("s3stream.metadata", 1), ("s3stream.metadata", 2)]
+    assert [(c, v) for c, v, _ in rows] == STORE_VERSIONS
     assert all(a > 0 for _, _, a in rows)  # applied by this code
     before = await in_store(url, dump)
     await open_close(url)
@@ -102,31 +105,63 @@ async def test_a_new_database_is_at_the_latest_version_and_a_second_open_is_a_no
     assert await in_store(url, dump) == before
 
 
+def kafka_dump(db: Connection, dialect: Dialect) -> dict[str, list[tuple[Any, ...]]]:
+    return {t: sorted(tuple(r) for r in db.execute(f"SELECT * FROM {t}")) for t in [
+        "meta", "streams", "objects", "chunks", "kafka_topics", "kafka_partitions",
+        "kafka_producer_batches", "kafka_group_offsets", "kafka_meta"]}
+
+
 async def test_a_database_from_before_versions_is_recorded_as_version_1_and_migrated(
     url: str,
 ) -> None:
+    """s3stream alone first (migrations 2 and 3: the Kafka tables are left for their owner,
+    the partitions handed over), then the broker's component moves every row into its own
+    tables and drops the old ones."""
     await in_store(url, make_v1)
-    before = await in_store(url, dump)
     s = open_metadata_store(url)
     await s.open()
     try:
         assert await s.cluster_id() == "oldcluster"
-        topics, streams, chunks = await s.load()
-        assert [(t.name, t.configs) for t in topics] == [("t", {"a": "b"})]
-        assert [(x.end_offset, len(chunks)) for x in streams] == [(3, 1)]
-        assert len(await s.load_producers()) == 1
+        streams, chunks = await s.load()
+        assert [(x.stream_id, x.end_offset, len(chunks)) for x in streams] == [(1, 3, 1)]
         assert await s.reserve_object_ids(1) == 7
     finally:
         await s.close()
-    after = await in_store(url, dump)
-    before["meta"] = [r if r[0] != "next_object_id" else ("next_object_id", "8")
-                      for r in before["meta"]]
-    assert after == before
-    # 1 found in place (applied_at 0, not applied by this code), then migration 2 applied
+    assert await in_store(url, lambda db, d: db.execute(
+        "SELECT * FROM legacy_stream_partitions").fetchall()) == [(1, "t", 0)]
+    assert await in_store(url, lambda db, d: db.execute(
+        "SELECT count(*) FROM producer_batches").fetchone()[0]) == 1  # untouched so far
+    k = KafkaMetadata(open_metadata_store(url))
+    await k.open()
+    try:
+        state = await k.load()
+        assert [(t.name, str(t.topic_id), t.configs) for t in state.topics] == [
+            ("t", "00000000-0000-0000-0000-000000000001", {"a": "b"})]
+        assert [(p.topic, p.partition, p.stream_id) for p in state.partitions] == [("t", 0, 1)]
+        assert [(r.stream_id, r.producer_id, r.last_seq) for r in state.producers] == [
+            (1, 1000, 2)]
+        assert [(r.group_id, r.topic, r.committed_offset) for r in await k.load_offsets()] == [
+            ("g", "t", 2)]
+        assert await k.next_producer_id() == 1000
+    finally:
+        await k.close()
+    after = await in_store(url, kafka_dump)
+    assert after["meta"] == [("cluster_id", "oldcluster"), ("next_object_id", "8")]
+    assert after["kafka_meta"] == [("next_producer_id", "1001")]
+    assert after["streams"] == [(1, 0, 3, 0, 0)]  # stream_id, start, end, epoch, deleted
+    for gone in ["topics", "producer_batches", "group_offsets", "legacy_stream_partitions"]:
+        assert not await in_store(url, lambda db, d, t=gone: db.execute(
+            d.table_exists, (t,)).fetchone()[0]), gone
+    # 1 found in place (applied_at 0, not applied by this code), then migrations 2 and 3
     rows = await in_store(url, versions)
-    assert rows[0] == ("s3stream.metadata", 1, 0) and rows[1][:2] == ("s3stream.metadata", 2)
-    assert len(rows) == 2 and rows[1][2] > 0
+    assert [r[:2] for r in rows] == [("broker.metadata", 1), *STORE_VERSIONS]
+    assert [r[2] > 0 for r in rows] == [True, False, True, True]
     assert await in_store(url, lambda db, d: has_index(db, d, "chunks_object"))
+    # a second open changes nothing
+    k = KafkaMetadata(open_metadata_store(url))
+    await k.open()
+    await k.close()
+    assert await in_store(url, kafka_dump) == after and await in_store(url, versions) == rows
 
 
 async def test_pending_migrations_apply_once_each_and_a_failing_one_keeps_the_last_version(
@@ -149,8 +184,7 @@ async def test_pending_migrations_apply_once_each_and_a_failing_one_keeps_the_la
     with pytest.raises(RuntimeError, match="migration 3 is broken"):
         await open_close(url, Component("test.part", [*ok.migrations, fails]))
     rows = await in_store(url, versions)
-    assert [(c, v) for c, v, _ in rows] == [
-        ("s3stream.metadata", 1), ("s3stream.metadata", 2), ("test.part", 1), ("test.part", 2)]
+    assert [(c, v) for c, v, _ in rows] == [*STORE_VERSIONS, ("test.part", 1), ("test.part", 2)]
     assert not await in_store(url, lambda db, d: db.execute(d.table_exists, ("part_b",))
                               .fetchone()[0])
 
@@ -161,19 +195,19 @@ async def test_a_database_newer_than_the_code_is_refused_and_not_written(url: st
         "CREATE TABLE schema_version(component TEXT NOT NULL, version BIGINT NOT NULL,"
         " applied_at BIGINT NOT NULL, PRIMARY KEY(component, version))"),
         db.execute("INSERT INTO schema_version VALUES ('s3stream.metadata', 1, 0),"
-                   " ('s3stream.metadata', 3, 1)"),
+                   " ('s3stream.metadata', 4, 1)"),
         db.execute("DELETE FROM meta WHERE key='cluster_id'")])
     before = await in_store(url, dump)
     s = open_metadata_store(url)
-    with pytest.raises(SchemaTooNewError, match=r"schema version 3, this floe knows versions up"
-                       r" to 2.*newer floe; refusing to open it"):
+    with pytest.raises(SchemaTooNewError, match=r"schema version 4, this floe knows versions up"
+                       r" to 3.*newer floe; refusing to open it"):
         await s.open()
     await s.close()
     assert await in_store(url, dump) == before  # not even a cluster id was added
     assert await in_store(url, versions) == [("s3stream.metadata", 1, 0),
-                                             ("s3stream.metadata", 3, 1)]
+                                             ("s3stream.metadata", 4, 1)]
     # the same for another component's tables
-    await in_store(url, lambda db, d: db.execute("DELETE FROM schema_version WHERE version=3"))
+    await in_store(url, lambda db, d: db.execute("DELETE FROM schema_version WHERE version=4"))
     await open_close(url)
     await in_store(url, lambda db, d: db.execute(
         "INSERT INTO schema_version VALUES ('schema_registry', 5, 1)"))
@@ -194,8 +228,7 @@ async def test_stores_opening_together_apply_a_migration_once(url: str) -> None:
     assert await in_store(url, lambda db, d: db.execute("SELECT n FROM runs").fetchall()) == [
         (1,)]
     rows = await in_store(url, versions)
-    assert [(c, v) for c, v, _ in rows] == [("s3stream.metadata", 1), ("s3stream.metadata", 2),
-                                             ("test.once", 1)]
+    assert [(c, v) for c, v, _ in rows] == [*STORE_VERSIONS, ("test.once", 1)]
 
 
 async def test_the_registry_uses_the_runner_and_keeps_its_pre_runner_version(url: str) -> None:

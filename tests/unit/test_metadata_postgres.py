@@ -33,10 +33,10 @@ async def store(pg_url: str) -> AsyncIterator[MetadataStore]:
 async def test_server_restart_between_two_calls(
     store: MetadataStore, pg_cluster: PgCluster
 ) -> None:
-    _, (s,) = await store.create_topic("t", 1, {})
+    (s,) = await store.create_streams(1)
     pg_cluster.restart()
     # the old connection is dead; the call notices, connects again and runs
-    _, streams, _ = await store.load()
+    streams, _ = await store.load()
     assert [x.stream_id for x in streams] == [s.stream_id]
     await store.commit_object(1, "wal/1", 1, [ChunkRow(s.stream_id, 0, 4, 1, 0, 1, 0)])
     pg_cluster.restart()
@@ -46,7 +46,7 @@ async def test_server_restart_between_two_calls(
 async def test_calls_fail_retriably_while_the_server_is_down(
     store: MetadataStore, pg_cluster: PgCluster
 ) -> None:
-    _, (s,) = await store.create_topic("t", 1, {})
+    (s,) = await store.create_streams(1)
     pg_cluster.stop()
     try:
         for _ in range(2):  # every call tries to connect again, and says it may be retried
@@ -57,7 +57,7 @@ async def test_calls_fail_retriably_while_the_server_is_down(
         pg_cluster.start()
     assert await store.commit_object(
         1, "wal/1", 1, [ChunkRow(s.stream_id, 0, 4, 1, 0, 1, 0)]) == {s.stream_id}
-    _, streams, _ = await store.load()
+    streams, _ = await store.load()
     assert streams[0].end_offset == 5
 
 
@@ -89,7 +89,7 @@ class LoseCommit(Connection):
 
 @pytest.mark.parametrize("committed", [True, False])
 async def test_commit_in_doubt_is_taken_back(store: MetadataStore, committed: bool) -> None:
-    _, (s, t) = await store.create_topic("t", 2, {})
+    (s, t) = await store.create_streams(2)
     await store.commit_object(1, "wal/1", 1, [ChunkRow(s.stream_id, 0, 9, 1, 0, 1, 0)])
     store._db = LoseCommit(store.db, committed)
     rows = [ChunkRow(s.stream_id, 10, 19, 2, 0, 1, 0), ChunkRow(t.stream_id, 0, 4, 2, 1, 1, 0)]
@@ -97,13 +97,13 @@ async def test_commit_in_doubt_is_taken_back(store: MetadataStore, committed: bo
         await store.commit_object(2, "wal/2", 1, rows)
     assert e.value.retriable
     # whether or not it committed, the next call finds the metadata as if it had not
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert {x.stream_id: x.end_offset for x in streams} == {s.stream_id: 10, t.stream_id: 0}
     assert [(c.stream_id, c.base_offset) for c in chunks] == [(s.stream_id, 0)]
     # so the log layer's retry, from the offsets it rewound to, passes the guard
     await store.commit_object(3, "wal/3", 1, [ChunkRow(s.stream_id, 10, 19, 3, 0, 1, 0),
                                               ChunkRow(t.stream_id, 0, 4, 3, 1, 1, 0)])
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert {x.stream_id: x.end_offset for x in streams} == {s.stream_id: 20, t.stream_id: 5}
     assert [c.object_id for c in chunks] == [1, 3, 3]
     assert store._in_doubt == []
@@ -112,7 +112,7 @@ async def test_commit_in_doubt_is_taken_back(store: MetadataStore, committed: bo
 async def test_compaction_in_doubt_keeps_the_old_chunks(store: MetadataStore) -> None:
     from s3stream.metadata import ObjectRow
 
-    _, (s,) = await store.create_topic("t", 1, {})
+    (s,) = await store.create_streams(1)
     old = [ChunkRow(s.stream_id, 0, 9, 1, 0, 1, 0), ChunkRow(s.stream_id, 10, 19, 2, 0, 1, 0)]
     for c in old:
         await store.commit_object(c.object_id, f"wal/{c.object_id}", 1, [c])
@@ -120,7 +120,7 @@ async def test_compaction_in_doubt_keeps_the_old_chunks(store: MetadataStore) ->
     with pytest.raises(CommitInDoubtError):
         await store.replace_chunks([ObjectRow(9, "stream/9", 2, "stream", 0)],
                                    [ChunkRow(s.stream_id, 0, 19, 9, 0, 2, 0)], old)
-    _, _, chunks = await store.load()
+    _, chunks = await store.load()
     assert chunks == old
     assert [o.object_id for o in await store.unreferenced_objects(2**62)] == [9]
 
@@ -130,7 +130,7 @@ async def test_log_layer_through_a_server_restart(
 ) -> None:
     """Appends in flight while the metadata database is down fail (retriable); nothing
     acknowledged is lost; the stream goes on from its durable end once the server is back."""
-    _, (s,) = await store.create_topic("t", 1, {})
+    (s,) = await store.create_streams(1)
     log = LogStore(MemoryObjectStore(), store, WalSettings(flush_interval_ms=1))
     await log.open([s], [])
     try:
@@ -152,5 +152,5 @@ async def test_log_layer_through_a_server_restart(
         assert b"".join(d for _, d in data) == b"012345"
     finally:
         await log.close()
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert streams[0].end_offset == 6 and len(chunks) == 6

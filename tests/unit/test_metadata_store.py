@@ -1,4 +1,5 @@
-"""The metadata store's behaviour, the same on every backend (SQLite and PostgreSQL)."""
+"""The s3stream metadata store's behaviour (streams, objects, chunks, commit attachments), the
+same on every backend (SQLite and PostgreSQL). The broker's Kafka tables: test_kafka_metadata."""
 
 from __future__ import annotations
 
@@ -11,16 +12,15 @@ from pathlib import Path
 import pytest
 
 from s3stream.metadata import (
-    PRODUCER_BATCHES_KEPT,
     ChunkRow,
+    CommitAttachment,
     MetadataError,
     MetadataStore,
     ObjectRow,
     OffsetConflictError,
-    OffsetRow,
-    ProducerBatchRow,
     open_metadata_store,
 )
+from s3stream.metadata.backend import Connection
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -51,40 +51,24 @@ def chunk(sid: int, base: int, last: int, oid: int, ts: int = 0) -> ChunkRow:
 
 
 async def commit(store: MetadataStore, sid: int, base: int, last: int,
-                 producers: list[ProducerBatchRow] | None = None) -> int:
+                 attachments: list[CommitAttachment] | None = None) -> int:
     oid = await store.reserve_object_ids(1)
-    await store.commit_object(oid, f"wal/{oid}", 100, [chunk(sid, base, last, oid)], producers)
+    await store.commit_object(oid, f"wal/{oid}", 100, [chunk(sid, base, last, oid)],
+                              attachments or [])
     return oid
 
 
-async def test_topics_create_add_partitions_configs_delete(store: MetadataStore) -> None:
-    topic, streams = await store.create_topic("orders", 3, {"retention.ms": "1000"})
-    assert topic.name == "orders" and topic.configs == {"retention.ms": "1000"}
-    assert [(s.topic, s.partition, s.start_offset, s.end_offset) for s in streams] == [
-        ("orders", p, 0, 0) for p in range(3)]
+async def test_streams_create_and_delete(store: MetadataStore) -> None:
+    streams = await store.create_streams(3)
+    assert [(s.start_offset, s.end_offset) for s in streams] == [(0, 0)] * 3
     assert len({s.stream_id for s in streams}) == 3
-    with pytest.raises(MetadataError):
-        await store.create_topic("orders", 1, {})
-    more = await store.add_partitions("orders", 3, 2)
-    assert [s.partition for s in more] == [3, 4]
-    await store.set_topic_configs("orders", {"cleanup.policy": "compact"})
-    await store.create_topic("other", 1, {})
-    topics, live, _ = await store.load()
-    assert {t.name: (t.topic_id, t.configs) for t in topics}["orders"] == (
-        topic.topic_id, {"cleanup.policy": "compact"})
-    assert sorted(s.partition for s in live if s.topic == "orders") == [0, 1, 2, 3, 4]
-
-    await commit(store, streams[0].stream_id, 0, 4, [ProducerBatchRow(
-        streams[0].stream_id, 7, 0, 0, 4, 0, 4)])
-    await store.delete_topic("orders")
-    topics, live, chunks = await store.load()
-    assert [t.name for t in topics] == ["other"]
-    assert {s.topic for s in live} == {"other"} and chunks == []
-    assert await store.load_producers() == []
-    # the name is free again, with new streams starting at offset 0
-    _, again = await store.create_topic("orders", 1, {})
-    assert again[0].stream_id not in {s.stream_id for s in streams + more}
-    assert again[0].end_offset == 0
+    await commit(store, streams[0].stream_id, 0, 4)
+    await store.delete_streams([streams[0].stream_id, streams[2].stream_id])
+    live, chunks = await store.load()
+    assert [s.stream_id for s in live] == [streams[1].stream_id] and chunks == []
+    # a deleted stream's id is never handed out again
+    (again,) = await store.create_streams(1)
+    assert again.stream_id not in {s.stream_id for s in streams} and again.end_offset == 0
 
 
 async def test_cluster_id_and_counters_survive_reopen(url: str) -> None:
@@ -93,12 +77,9 @@ async def test_cluster_id_and_counters_survive_reopen(url: str) -> None:
         first = await s.reserve_object_ids(64)
         second = await s.reserve_object_ids(10)
         assert first == 1 and second == 65
-        assert await s.next_producer_id() == 1000
-        assert await s.next_producer_id() == 1001
     async with opened(url) as s:
         assert await s.cluster_id() == cid and len(cid) == 22
         assert await s.reserve_object_ids(1) == 75
-        assert await s.next_producer_id() == 1002
 
 
 async def test_object_ids_from_concurrent_stores_never_overlap(url: str) -> None:
@@ -109,7 +90,7 @@ async def test_object_ids_from_concurrent_stores_never_overlap(url: str) -> None
 
 
 async def test_commit_object_guard(store: MetadataStore) -> None:
-    _, (s0, s1) = await store.create_topic("t", 2, {})
+    (s0, s1) = await store.create_streams(2)
     await commit(store, s0.stream_id, 0, 9)
     with pytest.raises(OffsetConflictError):  # the same offset again
         await commit(store, s0.stream_id, 0, 9)
@@ -119,14 +100,14 @@ async def test_commit_object_guard(store: MetadataStore) -> None:
     with pytest.raises(OffsetConflictError):
         await store.commit_object(50, "wal/50", 100, [chunk(s1.stream_id, 0, 4, 50),
                                                       chunk(s0.stream_id, 5, 9, 50)])
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert {s.stream_id: s.end_offset for s in streams} == {s0.stream_id: 10, s1.stream_id: 0}
     assert [(c.stream_id, c.base_offset, c.last_offset) for c in chunks] == [
         (s0.stream_id, 0, 9)]
     assert 50 not in await store.object_keys()
     # a deleted stream's chunk is dropped, the others commit
-    _, (gone,) = await store.create_topic("gone", 1, {})
-    await store.delete_topic("gone")
+    (gone,) = await store.create_streams(1)
+    await store.delete_streams([gone.stream_id])
     live = await store.commit_object(60, "wal/60", 100, [chunk(s0.stream_id, 10, 19, 60),
                                                          chunk(gone.stream_id, 0, 3, 60)])
     assert live == {s0.stream_id}
@@ -135,7 +116,7 @@ async def test_commit_object_guard(store: MetadataStore) -> None:
 
 async def test_racing_commits_to_one_stream_exactly_one_wins(url: str) -> None:
     async with opened(url) as a, opened(url) as b:
-        _, (s,) = await a.create_topic("race", 1, {})
+        (s,) = await a.create_streams(1)
         end = 0
         for round_ in range(15):
             oids = [1000 + 2 * round_, 1001 + 2 * round_]
@@ -149,7 +130,7 @@ async def test_racing_commits_to_one_stream_exactly_one_wins(url: str) -> None:
             assert len(won) == 1 and len(lost) == 1, results
             assert isinstance(lost[0], OffsetConflictError)
             end += 5 if results[0] == {s.stream_id} else 10
-        _, streams, chunks = await a.load()
+        streams, chunks = await a.load()
     assert streams[0].end_offset == end
     assert [c.base_offset for c in chunks] == [0] + [c.last_offset + 1 for c in chunks[:-1]]
 
@@ -158,13 +139,13 @@ async def test_many_writers_keep_a_dense_log(url: str) -> None:
     """Writers that reload the end offset after each conflict, as a failed-over broker
     would: every offset is committed exactly once."""
     async with opened(url) as setup:
-        _, (s,) = await setup.create_topic("busy", 1, {})
+        (s,) = await setup.create_streams(1)
 
     async def writer(n: int) -> int:
         async with opened(url) as store:
             done = 0
             while done < 8:
-                _, streams, _ = await store.load()
+                streams, _ = await store.load()
                 end = streams[0].end_offset
                 oid = await store.reserve_object_ids(1)
                 try:
@@ -177,7 +158,7 @@ async def test_many_writers_keep_a_dense_log(url: str) -> None:
 
     assert await asyncio.gather(*(writer(n) for n in range(4))) == [8] * 4
     async with opened(url) as check:
-        _, streams, chunks = await check.load()
+        streams, chunks = await check.load()
     assert len(chunks) == 32
     assert [c.base_offset for c in chunks] == [0] + [c.last_offset + 1 for c in chunks[:-1]]
     assert streams[0].end_offset == chunks[-1].last_offset + 1
@@ -188,7 +169,7 @@ async def test_a_commit_waiting_for_another_writers_lock_sees_its_end_offset(
 ) -> None:
     """The guard is read under the lock: a commit that had to wait does not act on the end
     offset from before the other writer's COMMIT."""
-    _, (s,) = await store.create_topic("t", 1, {})
+    (s,) = await store.create_streams(1)
     other = store.backend.connect()
     try:
         other.execute(store.backend.dialect.begin_write)
@@ -202,17 +183,17 @@ async def test_a_commit_waiting_for_another_writers_lock_sees_its_end_offset(
             await asyncio.wait_for(attempt, 15)
     finally:
         other.close()
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert streams[0].end_offset == 5 and chunks == []
 
 
 async def test_load_returns_chunks_in_order_from_the_start_offset(store: MetadataStore) -> None:
-    _, (a, b) = await store.create_topic("t", 2, {})
+    (a, b) = await store.create_streams(2)
     for base in range(0, 30, 10):
         await commit(store, b.stream_id, base, base + 9)
         await commit(store, a.stream_id, base, base + 9)
     assert await store.truncate(a.stream_id, 15) == 15
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert [(s.stream_id, s.start_offset, s.end_offset) for s in streams] == [
         (a.stream_id, 15, 30), (b.stream_id, 0, 30)]
     assert [(c.stream_id, c.base_offset) for c in chunks] == [
@@ -220,42 +201,50 @@ async def test_load_returns_chunks_in_order_from_the_start_offset(store: Metadat
         (b.stream_id, 20)]
 
 
-async def test_producer_batches_keep_the_last_five(store: MetadataStore) -> None:
-    _, (s, t) = await store.create_topic("t", 2, {})
-    for i in range(8):
-        await commit(store, s.stream_id, 2 * i, 2 * i + 1, [
-            ProducerBatchRow(s.stream_id, 42, 0, 2 * i, 2 * i + 1, 2 * i, 2 * i + 1)])
-    await commit(store, t.stream_id, 0, 0, [ProducerBatchRow(t.stream_id, 42, 0, 0, 0, 0, 0)])
-    await commit(store, s.stream_id, 16, 16, [ProducerBatchRow(s.stream_id, 43, 1, 0, 0, 16, 16)])
-    rows = await store.load_producers()
-    mine = [r for r in rows if r.stream_id == s.stream_id and r.producer_id == 42]
-    assert len(mine) == PRODUCER_BATCHES_KEPT
-    assert [r.base_offset for r in mine] == [6, 8, 10, 12, 14]
-    assert [r.first_seq for r in mine] == [6, 8, 10, 12, 14]
-    assert [(r.stream_id, r.producer_id) for r in rows if r not in mine] == [
-        (s.stream_id, 43), (t.stream_id, 42)]
+class Marks:
+    """A CommitAttachment writing one row per live stream into a table of the layer above;
+    `refuse` makes it a guard that refuses the commit."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+
+    def apply(self, db: Connection, live: set[int]) -> None:
+        if self.refuse:
+            raise MetadataError("fenced")
+        db.executemany("INSERT INTO marks VALUES (?, ?)", [(sid, 0) for sid in sorted(live)])
+
+    def undo(self, db: Connection, undone: list[ChunkRow]) -> None:
+        db.executemany("DELETE FROM marks WHERE stream_id=?", [(c.stream_id,) for c in undone])
 
 
-async def test_group_offsets(store: MetadataStore) -> None:
-    def row(group: str, topic: str, p: int, off: int, meta: str | None = None) -> OffsetRow:
-        return OffsetRow(group, topic, p, off, 3, meta, 1_700_000_000_000 + off)
+async def test_attachments_commit_with_the_chunks_and_guards_refuse_them(
+    store: MetadataStore,
+) -> None:
+    def marks() -> list[tuple[int, int]]:
+        return sorted(tuple(r) for r in store.db.execute("SELECT * FROM marks"))
 
-    await store.commit_offsets([row("g", "a", 0, 5), row("g", "a", 1, 7, "m"),
-                                row("h", "a", 0, 1), row("h", "b", 0, 2)])
-    await store.commit_offsets([row("g", "a", 0, 9, "again")])  # an upsert
-    got = {(r.group_id, r.topic, r.partition): r for r in await store.load_offsets()}
-    assert got[("g", "a", 0)] == row("g", "a", 0, 9, "again")
-    assert got[("g", "a", 1)].metadata == "m" and len(got) == 4
-    await store.delete_offsets("g", [("a", 1)])
-    await store.delete_topic_offsets("b")
-    assert sorted((r.group_id, r.topic, r.partition) for r in await store.load_offsets()) == [
-        ("g", "a", 0), ("h", "a", 0)]
-    await store.delete_offsets("h", None)
-    assert [r.group_id for r in await store.load_offsets()] == ["g"]
+    await store._run(store.db.execute, "CREATE TABLE marks(stream_id BIGINT, base BIGINT)")
+    a, b = await store.create_streams(2)
+    await store.delete_streams([b.stream_id])
+    oid = await store.reserve_object_ids(1)
+    await store.commit_object(oid, "wal/x", 1, [chunk(a.stream_id, 0, 4, oid),
+                                               chunk(b.stream_id, 0, 4, oid)], [Marks()])
+    assert await store._run(marks) == [(a.stream_id, 0)]  # live streams only
+    with pytest.raises(MetadataError, match="fenced"):  # a guard: nothing of the commit
+        await commit(store, a.stream_id, 5, 9, [Marks(), Marks(refuse=True)])
+    (live,), chunks = await store.load()
+    assert live.end_offset == 5 and len(chunks) == 1
+    assert await store._run(marks) == [(a.stream_id, 0)]
+    # a commit whose COMMIT was in doubt, taken back: its attachments' rows go with it
+    oid = await commit(store, a.stream_id, 5, 9, [Marks()])
+    assert len(await store._run(marks)) == 2
+    await store._run(store._undo_commit, [chunk(a.stream_id, 5, 9, oid)], [Marks()])
+    (live,), chunks = await store.load()
+    assert live.end_offset == 5 and len(chunks) == 1 and await store._run(marks) == []
 
 
 async def test_compaction_truncate_and_garbage(store: MetadataStore) -> None:
-    _, (s,) = await store.create_topic("t", 1, {})
+    (s,) = await store.create_streams(1)
     wal = [await commit(store, s.stream_id, base, base + 9) for base in (0, 10, 20)]
     assert [o.object_id for o in await store.objects("wal")] == wal
     old = await store.chunks_of_objects(wal[:2])
@@ -266,7 +255,7 @@ async def test_compaction_truncate_and_garbage(store: MetadataStore) -> None:
         await store.replace_chunks([new_obj], new, [*old, chunk(s.stream_id, 99, 99, wal[0])])
     assert [o.object_id for o in await store.objects("stream")] == []
     await store.replace_chunks([new_obj], new, old)
-    _, _, chunks = await store.load()
+    _, chunks = await store.load()
     assert [(c.base_offset, c.object_id) for c in chunks] == [(0, 100), (20, wal[2])]
     far_future = 2**62
     assert {o.object_id for o in await store.unreferenced_objects(far_future)} == set(wal[:2])
@@ -274,7 +263,7 @@ async def test_compaction_truncate_and_garbage(store: MetadataStore) -> None:
 
     assert await store.truncate(s.stream_id, 25) == 25
     assert await store.truncate(s.stream_id, 3) == 25  # never back
-    _, streams, chunks = await store.load()
+    streams, chunks = await store.load()
     assert streams[0].start_offset == 25 and [c.base_offset for c in chunks] == [20]
     garbage = {o.object_id for o in await store.unreferenced_objects(far_future)}
     assert garbage == {wal[0], wal[1], 100}

@@ -37,7 +37,7 @@ class GatedStore(MemoryObjectStore):
 async def env(tmp_path: Path) -> AsyncIterator[tuple[LogStore, GatedStore, int]]:
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _t, streams = await meta.create_topic("t", 1, {})
+    streams = await meta.create_streams(1)
     store = GatedStore()
     log = LogStore(store, meta, WalSettings(cache_max_bytes=0, readahead_bytes=0))
     await log.open(streams, [])
@@ -123,7 +123,7 @@ async def test_a_catch_up_read_gets_chunks_of_different_objects_concurrently(
 
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _t, streams = await meta.create_topic("t", 1, {})
+    streams = await meta.create_streams(1)
     store = Overlapping()
     log = LogStore(store, meta, WalSettings(cache_max_bytes=0))
     await log.open(streams, [])
@@ -154,7 +154,7 @@ async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path:
 
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _t, streams = await meta.create_topic("t", 4, {})
+    streams = await meta.create_streams(4)
     store = Counting()
     writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
     await writer.open(streams, [])
@@ -163,7 +163,7 @@ async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path:
                 for s in streams]
         await asyncio.gather(*futs)
     await writer.close()
-    _topics, stream_rows, chunk_rows = await meta.load()
+    stream_rows, chunk_rows = await meta.load()
     reader = LogStore(store, meta, WalSettings())  # cold: an empty cache
     await reader.open(stream_rows, chunk_rows)
     Counting.gets = 0

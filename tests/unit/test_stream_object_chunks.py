@@ -85,7 +85,7 @@ async def test_a_small_read_after_compaction_downloads_about_one_chunk(
 ) -> None:
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
-    _t, streams = await meta.create_topic("t", 1, {})
+    streams = await meta.create_streams(1)
     sid = streams[0].stream_id
     # no cache, read-ahead within one chunk: what a read downloads is what it asks for
     log = LogStore(counting, meta, WalSettings(flush_interval_ms=1, cache_max_bytes=0,

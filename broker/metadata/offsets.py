@@ -1,24 +1,26 @@
-"""Committed consumer-group offsets (the SQL half of the group coordinator)."""
+"""Committed consumer-group offsets (the SQL half of the group coordinator's OffsetStore)."""
 
 from __future__ import annotations
 
-from s3stream.metadata.base import StoreBase
-from s3stream.metadata.model import OffsetRow
+from broker.metadata.model import OffsetRow
+from s3stream.metadata import MetadataStore
 
 
-class GroupOffsetsMixin(StoreBase):
+class GroupOffsetsMixin:
+    store: MetadataStore
+
     def _load_offsets(self) -> list[OffsetRow]:
-        return [OffsetRow(*r) for r in self.db.execute(
+        return [OffsetRow(*r) for r in self.store.db.execute(
             "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata,"
-            " commit_ms FROM group_offsets")]
+            " commit_ms FROM kafka_group_offsets")]
 
     async def load_offsets(self) -> list[OffsetRow]:
-        return await self._run(self._load_offsets)
+        return await self.store._run(self._load_offsets)
 
     def _commit_offsets(self, rows: list[OffsetRow]) -> None:
-        with self._txn() as db:
+        with self.store._txn() as db:
             db.executemany(
-                "INSERT INTO group_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
+                "INSERT INTO kafka_group_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
                 " (group_id, topic, partition) DO UPDATE SET"
                 " committed_offset=excluded.committed_offset,"
                 " leader_epoch=excluded.leader_epoch, metadata=excluded.metadata,"
@@ -28,23 +30,22 @@ class GroupOffsetsMixin(StoreBase):
 
     async def commit_offsets(self, rows: list[OffsetRow]) -> None:
         """Store committed offsets durably, all or none."""
-        await self._run(self._commit_offsets, rows)
+        await self.store._run(self._commit_offsets, rows)
 
     def _delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
-        with self._txn() as db:
+        with self.store._txn() as db:
             if keys is None:
-                db.execute("DELETE FROM group_offsets WHERE group_id=?", (group_id,))
+                db.execute("DELETE FROM kafka_group_offsets WHERE group_id=?", (group_id,))
             else:
-                db.executemany(
-                    "DELETE FROM group_offsets WHERE group_id=? AND topic=? AND partition=?",
-                    [(group_id, t, p) for t, p in keys])
+                db.executemany("DELETE FROM kafka_group_offsets WHERE group_id=? AND topic=?"
+                               " AND partition=?", [(group_id, t, p) for t, p in keys])
 
     async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
         """Delete some (or, with None, all) of a group's committed offsets."""
-        await self._run(self._delete_offsets, group_id, keys)
+        await self.store._run(self._delete_offsets, group_id, keys)
 
     def _delete_topic_offsets(self, topic: str) -> None:
-        self.db.execute("DELETE FROM group_offsets WHERE topic=?", (topic,))
+        self.store.db.execute("DELETE FROM kafka_group_offsets WHERE topic=?", (topic,))
 
     async def delete_topic_offsets(self, topic: str) -> None:
-        await self._run(self._delete_topic_offsets, topic)
+        await self.store._run(self._delete_topic_offsets, topic)

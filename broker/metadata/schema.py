@@ -1,0 +1,70 @@
+"""The broker's tables, component "broker.metadata" of the shared migration runner
+(s3stream.metadata.migrations), applied after s3stream's own component:
+- `kafka_topics(name, topic_id, configs, created_ms)`: configs as a JSON object;
+- `kafka_partitions(topic, partition, stream_id)`: which s3stream stream holds a partition;
+- `kafka_producer_batches(stream_id, producer_id, epoch, first_seq, last_seq, base_offset,
+  last_offset)`: the last PRODUCER_BATCHES_KEPT idempotent batches per partition and producer,
+  written in the WAL commit's own transaction (broker.metadata.producers);
+- `kafka_group_offsets(group_id, topic, partition, committed_offset, leader_epoch, metadata,
+  commit_ms)`;
+- `kafka_meta(key, value)`: `next_producer_id`.
+
+Migration 1 creates them and moves in what s3stream's tables held before s3stream's migration 3
+(`topics`, the hand-over `legacy_stream_partitions`, `producer_batches`, `group_offsets`,
+meta['next_producer_id']), then drops those: a database made before the split keeps every
+topic, config, partition, producer-state row, committed offset and the producer id counter.
+"""
+
+from __future__ import annotations
+
+from s3stream.metadata.backend import Connection, Dialect
+from s3stream.metadata.migrations import Component, sql_migration, table_exists
+
+TABLES = """
+CREATE TABLE kafka_topics(
+    name TEXT PRIMARY KEY, topic_id TEXT NOT NULL, configs TEXT NOT NULL,
+    created_ms {int} NOT NULL);
+CREATE TABLE kafka_partitions(
+    topic TEXT NOT NULL, partition {int} NOT NULL, stream_id {int} NOT NULL UNIQUE,
+    PRIMARY KEY(topic, partition)){without_rowid};
+CREATE TABLE kafka_producer_batches(
+    stream_id {int} NOT NULL, producer_id {int} NOT NULL, epoch {int} NOT NULL,
+    first_seq {int} NOT NULL, last_seq {int} NOT NULL, base_offset {int} NOT NULL,
+    last_offset {int} NOT NULL,
+    PRIMARY KEY(stream_id, producer_id, base_offset)){without_rowid};
+CREATE TABLE kafka_group_offsets(
+    group_id TEXT NOT NULL, topic TEXT NOT NULL, partition {int} NOT NULL,
+    committed_offset {int} NOT NULL, leader_epoch {int} NOT NULL, metadata TEXT,
+    commit_ms {int} NOT NULL, PRIMARY KEY(group_id, topic, partition)){without_rowid};
+CREATE TABLE kafka_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO kafka_meta(key, value) VALUES ('next_producer_id', '1000')
+"""
+
+# (legacy table, the statement moving its rows in); each legacy table is dropped afterwards
+MOVES = [
+    ("topics", "INSERT INTO kafka_topics SELECT name, topic_id, configs, created_ms FROM topics"),
+    ("legacy_stream_partitions", "INSERT INTO kafka_partitions SELECT topic, partition,"
+     " stream_id FROM legacy_stream_partitions"),
+    ("producer_batches", "INSERT INTO kafka_producer_batches SELECT p.stream_id, p.producer_id,"
+     " p.epoch, p.first_seq, p.last_seq, p.base_offset, p.last_offset FROM producer_batches p"
+     " WHERE p.stream_id IN (SELECT stream_id FROM legacy_stream_partitions)"),
+    ("group_offsets", "INSERT INTO kafka_group_offsets SELECT group_id, topic, partition,"
+     " committed_offset, leader_epoch, metadata, commit_ms FROM group_offsets"),
+]
+
+
+def _create_and_move(db: Connection, dialect: Dialect) -> None:
+    sql_migration(TABLES)(db, dialect)
+    present = [(t, move) for t, move in MOVES if table_exists(db, dialect, t)]
+    for _table, move in present:
+        db.execute(move)
+    for table, _move in present:  # after every move: the producers' move reads the hand-over
+        db.execute(f"DROP TABLE {table}")
+    if table_exists(db, dialect, "meta"):
+        row = db.execute("SELECT value FROM meta WHERE key='next_producer_id'").fetchone()
+        if row is not None:
+            db.execute("UPDATE kafka_meta SET value=? WHERE key='next_producer_id'", (row[0],))
+            db.execute("DELETE FROM meta WHERE key='next_producer_id'")
+
+
+COMPONENT = Component("broker.metadata", [_create_and_move])
