@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterable
 from typing import TypeVar
@@ -32,6 +33,7 @@ from broker.groups.state import GroupTable, Wait
 __all__ = ["GroupCoordinator", "JoinResult", "MemberIdRequired"]
 
 REAP_INTERVAL_S = 0.25
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -158,7 +160,10 @@ class GroupCoordinator:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
-            self._apply(self.table.advance())
+            try:
+                self._apply(self.table.advance())
+            except Exception:  # a bug, logged; sessions must go on expiring in every group
+                log.exception("group session reaper")
 
     # -- queries ---------------------------------------------------------------------------
     def is_active(self, group_id: str) -> bool:

@@ -65,7 +65,8 @@ class Group:
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
     static: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
-    pending_ids: set[str] = field(default_factory=set)  # handed out by MEMBER_ID_REQUIRED
+    # member ids handed out by MEMBER_ID_REQUIRED -> when forgotten unless used
+    pending_ids: dict[str, float] = field(default_factory=dict)
     join_ends_at: float = 0.0  # PreparingRebalance ends by then, rejoined or not
     hold_until: float = 0.0  # the first generation's initial delay: no earlier end
 

@@ -111,10 +111,10 @@ class GroupTable:
             if instance_id is not None and instance_id in g.static:
                 g.fence(g.static[instance_id], member_id, out)
             elif require_known_member_id and instance_id is None:
-                g.pending_ids.add(member_id)
+                g.pending_ids[member_id] = now + session_timeout_s  # as Kafka does
                 raise MemberIdRequired(member_id)
         self.groups[group_id] = g
-        g.pending_ids.discard(member_id)
+        g.pending_ids.pop(member_id, None)
         m = g.members.get(member_id)
         if m is None:
             m = g.members[member_id] = Member(
@@ -248,7 +248,7 @@ class GroupTable:
     def leave(self, group_id: str, member_id: str, instance_id: str | None) -> list[Effect]:
         g = self.groups.get(group_id)
         if g is not None and member_id in g.pending_ids:
-            g.pending_ids.discard(member_id)  # never joined: nothing else to undo
+            del g.pending_ids[member_id]  # never joined: nothing else to undo
             return []
         if instance_id is not None and g is not None and not member_id:
             member_id = g.static.get(instance_id, "")
@@ -284,10 +284,13 @@ class GroupTable:
     # -- time ------------------------------------------------------------------------------
     def advance(self) -> list[Effect]:
         """Act on every deadline passed by now: join phases that must end, sessions that
-        expired (a member waiting in JoinGroup or SyncGroup is not expected to heartbeat)."""
+        expired (a member waiting in JoinGroup or SyncGroup is not expected to heartbeat),
+        member ids handed out by MEMBER_ID_REQUIRED and not used within a session timeout."""
         now = self.clock()
         out: list[Effect] = []
         for g in list(self.groups.values()):
+            for mid in [mid for mid, until in g.pending_ids.items() if now > until]:
+                del g.pending_ids[mid]
             if g.state == PREPARING and now >= g.join_ends_at:
                 self._complete_join(g, now, out)
             expired = [

@@ -254,6 +254,29 @@ def test_member_id_required_then_rejoin_with_it(table: GroupTable) -> None:
     assert e.value.member_id not in table.groups["g"].pending_ids
 
 
+def test_a_member_id_handed_out_is_forgotten_after_a_session_timeout(
+    table: GroupTable, clock: FakeClock
+) -> None:
+    def join_v4(member_id: str) -> Wait:
+        return table.join(
+            "g", member_id, None, "client", "h", SESSION_S, REBALANCE_S, "consumer",
+            PROTOCOLS, require_known_member_id=True,
+        )  # fmt: skip
+
+    with pytest.raises(MemberIdRequired) as e:
+        join_v4("")
+    clock.now += SESSION_S
+    table.advance()
+    assert e.value.member_id in table.groups["g"].pending_ids
+    clock.now += 0.01
+    table.advance()
+    assert code(join_v4, e.value.member_id) == ErrorCode.unknown_member_id
+    with pytest.raises(MemberIdRequired) as e:
+        join_v4("")
+    assert table.leave("g", e.value.member_id, None) == []  # a pending member may leave
+    assert code(join_v4, e.value.member_id) == ErrorCode.unknown_member_id
+
+
 def test_a_static_member_rejoining_fences_its_old_incarnation(
     table: GroupTable, clock: FakeClock
 ) -> None:
