@@ -61,6 +61,14 @@ TABLE_TOPIC_CONFIGS = (
         "by_latest_schema keys: the Schema Registry subject (default <topic>-key)",
     ),
     ConfigDef(
+        PREFIX + "transform.value.type",
+        "string",
+        "flatten",
+        "flatten: value fields are columns; none: one _kafka_value column; flatten_debezium:"
+        " Debezium change events unwrapped, with a _cdc column",
+        choices=("none", "flatten", "flatten_debezium"),
+    ),
+    ConfigDef(
         PREFIX + "convert.value.subject",
         "string",
         "",
@@ -107,6 +115,7 @@ class TableTopicConfig:
     value_subject: str = ""  # by_latest_schema: the subject whose latest version reads values
     key_type: str = "none"  # none (no _kafka_key column) | raw | string | json | by_schema_id | ...
     key_subject: str = ""  # by_latest_schema keys
+    transform: str = "flatten"  # flatten | none (one _kafka_value column) | flatten_debezium
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -139,4 +148,5 @@ class TableTopicConfig:
             value_subject=text("convert.value.subject") or f"{topic}-value",
             key_type=text("convert.key.type"),
             key_subject=text("convert.key.subject") or f"{topic}-key",
+            transform=text("transform.value.type"),
         )

@@ -21,19 +21,25 @@ from broker.protocol.recordcodec import Record
 from tabletopic.config import TableTopicConfig
 from tabletopic.convert import Converter, Invalid
 from tabletopic.schemaconvert import SchemaConverter
+from tabletopic.transformconvert import TransformedConverter, known_values
 
 KEY_COLUMN = "_kafka_key"
 SCHEMA_TYPES = ("by_schema_id", "by_latest_schema")
 AnyConverter = Converter | SchemaConverter
+ValueConverter = Converter | SchemaConverter | TransformedConverter
 
 
 def converter(cfg: TableTopicConfig, known: pa.Schema | None = None
-              ) -> AnyConverter | KeyedConverter:
+              ) -> ValueConverter | KeyedConverter:
     """The converter a table topic's settings ask for; `known`: the table's columns."""
     values_known, key_known = split_known(known) if known is not None else (None, None)
-    values: AnyConverter = (
+    if values_known is not None:
+        values_known = known_values(cfg.transform, values_known)
+    base: AnyConverter = (
         SchemaConverter(cfg.value_type, values_known) if cfg.value_type in SCHEMA_TYPES
         else Converter(cfg.value_type, values_known))
+    values: ValueConverter = base if cfg.transform == "flatten" else TransformedConverter(
+        base, cfg.transform)
     if cfg.key_type == "none":
         return values
     fields = None
@@ -45,11 +51,13 @@ def converter(cfg: TableTopicConfig, known: pa.Schema | None = None
     return KeyedConverter(values, keys)
 
 
-def schema_parts(conv: AnyConverter | KeyedConverter, records: list[Record],
+def schema_parts(conv: ValueConverter | KeyedConverter, records: list[Record],
                  cfg: TableTopicConfig) -> list[tuple[SchemaConverter, list[Record], str]]:
     """The schema converters these records go through, with the records as each sees them
     (keys as values for the key converter) and the subject of its by_latest_schema."""
     values = conv.values if isinstance(conv, KeyedConverter) else conv
+    if isinstance(values, TransformedConverter):
+        values = values.inner
     out = []
     if isinstance(values, SchemaConverter):
         out.append((values, records, cfg.value_subject))
@@ -72,7 +80,7 @@ def keys_as_values(records: list[Record]) -> list[Record]:
 class KeyedConverter:
     """A value converter plus a key converter: the value's columns and `_kafka_key`."""
 
-    def __init__(self, values: AnyConverter, keys: AnyConverter) -> None:
+    def __init__(self, values: ValueConverter, keys: AnyConverter) -> None:
         self.values = values
         self.keys = keys
         self.value_type = values.value_type

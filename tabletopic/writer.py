@@ -35,9 +35,9 @@ from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS
 from tabletopic.contract import table_properties as floe_table_properties
-from tabletopic.convert import Converter, Invalid
+from tabletopic.convert import Invalid
 from tabletopic.dlq import DeadLetters
-from tabletopic.keyconvert import KeyedConverter, converter, schema_parts
+from tabletopic.keyconvert import KeyedConverter, ValueConverter, converter, schema_parts
 from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
 from tabletopic.schemaconvert import SchemaById, SchemaConverter, StoredSchemaLike
 
@@ -82,7 +82,7 @@ class TableWriter:
         self.storage = storage
         self.catalog = catalog
         self.parts: dict[int, PartitionState] = {}
-        self.converter: Converter | SchemaConverter | KeyedConverter | None = None
+        self.converter: ValueConverter | KeyedConverter | None = None
         self.dlq: DeadLetters | None = None
         self.last_commit: float | None = None
         self.last_error: str | None = None
@@ -168,7 +168,7 @@ class TableWriter:
         try:
             return self.catalog.load_table(cfg.identifier)
         except NoSuchTableError:
-            schema = Converter(cfg.value_type).schema()
+            schema = converter(cfg).schema()
             return self.catalog.create_table_if_not_exists(
                 cfg.identifier,
                 schema=schema,
