@@ -81,6 +81,10 @@ class Group:
             del self.static[m.instance_id]
         m.fail_waiting(code, why, out)
 
+    def sync_done(self, ticket: int, m: Member) -> SyncDone:
+        """The answer to member `m`'s SyncGroup `ticket`: its assignment."""
+        return SyncDone(ticket, m.member_id, m.assignment, self.protocol_type, self.protocol_name)
+
     def fence(self, old_id: str, new_id: str, out: list[Effect]) -> None:
         """A static member rejoined without its member id: its old incarnation is fenced."""
         old = self.members.pop(old_id, None)

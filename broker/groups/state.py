@@ -35,7 +35,6 @@ from broker.groups.model import (
     JoinTimer,
     Member,
     MemberIdRequired,
-    SyncDone,
     find_member,
 )
 
@@ -212,7 +211,7 @@ class GroupTable:
         m.last_seen = now
         ticket = next(self._tickets)
         if g.state == STABLE:
-            out.append(SyncDone(ticket, member_id, m.assignment, g.protocol_type, g.protocol_name))
+            out.append(g.sync_done(ticket, m))
             return Wait(member_id, ticket, out)
         if m.sync_ticket is not None:  # a repeated SyncGroup replaces the first
             out.append(Failed(m.sync_ticket, member_id, ErrorCode.rebalance_in_progress))
@@ -223,15 +222,7 @@ class GroupTable:
             g.state = STABLE
             for other in g.members.values():
                 if other.sync_ticket is not None:
-                    out.append(
-                        SyncDone(
-                            other.sync_ticket,
-                            other.member_id,
-                            other.assignment,
-                            g.protocol_type,
-                            g.protocol_name,
-                        )
-                    )
+                    out.append(g.sync_done(other.sync_ticket, other))
                     other.sync_ticket, other.last_seen = None, now
         return Wait(member_id, ticket, out)
 
