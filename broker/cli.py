@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
         help="print every setting with where it came from, then exit",
     )
     add_topics_parser(sub)
+    from broker.localcluster.launcher import add_parser as add_local_cluster_parser
+
+    add_local_cluster_parser(sub)
     t = sub.add_parser("table", help="table topics: freshness and errors")
     t.add_argument("action", choices=["status"])
     t.add_argument(
@@ -100,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _broker(args)
     if args.command == "groups":
         return _groups(args)
+    if args.command == "local-cluster":
+        from broker.localcluster.launcher import run as run_local_cluster
+
+        return run_local_cluster(args)
     if args.command == "table":
         return _table(args)
     if args.command in ("compact", "sql"):

@@ -1,11 +1,10 @@
-"""S3 endpoints for tests: moto's S3 server (the real S3 HTTP API, objects in memory), a server
-that accepts connections and never answers, and one that answers every request with a fixed
-S3 error."""
+"""S3 endpoints for tests: moto's S3 server (broker.localcluster.s3server: the real S3 HTTP API,
+objects in memory), a server that accepts connections and never answers, and one that answers
+every request with a fixed S3 error."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import socket
 import threading
@@ -13,30 +12,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from moto.server import ThreadedMotoServer
+from broker.localcluster.s3server import LOCAL_AWS_ENV, UNSET_AWS_ENV, moto_s3
 
 # dummy credentials; the config files are pointed away so a developer's ~/.aws never applies
-TEST_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
-UNSET_AWS_ENV = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
-
-
-@contextmanager
-def moto_s3() -> Iterator[str]:
-    """moto's server on 127.0.0.1, an ephemeral port; yields its endpoint URL."""
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+TEST_AWS_ENV = LOCAL_AWS_ENV
+__all__ = [
+    "TEST_AWS_ENV",
+    "UNSET_AWS_ENV",
+    "broker_on_s3",
+    "bucket_listing",
+    "error_endpoint",
+    "moto_s3",
+    "stalled_endpoint",
+]
 
 
 @contextmanager
