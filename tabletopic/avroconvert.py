@@ -4,7 +4,8 @@ columns, and its binary encoding (fastavro's schemaless_reader) to rows of them.
 Avro -> Arrow (-> Iceberg): boolean, int (int32 / int), long (int64 / long), float (float32 /
 float), double, string, bytes and fixed (binary), enum (string), record (struct), array (list),
 map (map<string, _>), union of null and one type (that type, nullable), date (date32 / date),
-time-millis and time-micros (time64[us] / time), timestamp-millis and timestamp-micros
+time-millis and time-micros (int64 / long: microseconds since midnight; Spark cannot read a
+table with an Iceberg time column at all), timestamp-millis and timestamp-micros
 (timestamp[us, UTC] / timestamptz: an Avro timestamp is an instant), local-timestamp-* (timestamp
 [us] / timestamp), decimal (decimal128(p, s) / decimal(p, s)), uuid (string, which every
 Iceberg engine reads; Iceberg's uuid type is not read by pyarrow-based readers everywhere).
@@ -15,6 +16,7 @@ decimal wider than 38 digits has no Iceberg form: Conflict.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import uuid
@@ -62,7 +64,7 @@ def avro_to_arrow(s: Any, named: dict[str, Any] | None = None, depth: int = 0
     if logical == "date" and t == "int":
         return pa.date32(), False
     if logical in ("time-millis", "time-micros"):
-        return pa.time64("us"), False
+        return pa.int64(), False  # micros since midnight (Spark reads no Iceberg time)
     if logical in ("timestamp-millis", "timestamp-micros"):
         return pa.timestamp("us", tz="UTC"), False
     if logical in ("local-timestamp-millis", "local-timestamp-micros"):
@@ -94,9 +96,12 @@ def avro_to_arrow(s: Any, named: dict[str, Any] | None = None, depth: int = 0
 
 
 def _fix(v: Any) -> Any:
-    """Python values Arrow does not take: uuid.UUID -> its string."""
+    """Python values the columns take differently: uuid.UUID -> its string, a time of day ->
+    microseconds since midnight."""
     if isinstance(v, uuid.UUID):
         return str(v)
+    if isinstance(v, dt.time):
+        return ((v.hour * 60 + v.minute) * 60 + v.second) * 1_000_000 + v.microsecond
     if isinstance(v, dict):
         return {k: _fix(x) for k, x in v.items()}
     if isinstance(v, list):
@@ -114,7 +119,8 @@ class AvroWriter:
         raw = json.loads(text)
         self.parsed = fastavro.parse_schema(raw, named_schemas=named)
         top, _ = avro_to_arrow(self.parsed, named)
-        self.has_uuid = '"uuid"' in text or any('"uuid"' in t for _, t in deps)
+        texts = [text, *(t for _, t in deps)]
+        self.needs_fix = any(m in t for t in texts for m in ('"uuid"', '"time-mi'))
         self.shape = Shape(struct_fields(top, "the Avro schema"), self._decode)
 
     def select(self, payload: bytes, framed: bool) -> tuple[Hashable, Shape, bytes]:
@@ -124,7 +130,7 @@ class AvroWriter:
         doc = fastavro.schemaless_reader(io.BytesIO(body), self.parsed, None)
         if not isinstance(doc, dict):
             raise ValueError("not a record")
-        return _fix(doc) if self.has_uuid else doc
+        return _fix(doc) if self.needs_fix else doc
 
 
 def parse_avro(text: str, deps: list[tuple[str, str]]) -> AvroWriter:
