@@ -123,7 +123,8 @@ class AvroWriter:
         self.needs_fix = any(m in t for t in texts for m in ('"uuid"', '"time-mi'))
         self.shape = Shape(struct_fields(top, "the Avro schema"), self._decode)
 
-    def select(self, payload: bytes, framed: bool) -> tuple[Hashable, Shape, bytes]:
+    def select(self, payload: bytes, framed: bool, message: str = ""
+               ) -> tuple[Hashable, Shape, bytes]:
         return None, self.shape, payload
 
     def _decode(self, body: bytes) -> dict[str, Any]:

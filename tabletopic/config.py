@@ -68,6 +68,15 @@ TABLE_TOPIC_CONFIGS = (
         " Debezium change events unwrapped, with a _cdc column",
         choices=("none", "flatten", "flatten_debezium"),
     ),
+    *(
+        ConfigDef(
+            PREFIX + f"convert.{part}.message.full.name",
+            "string",
+            "",
+            f"by_latest_schema Protobuf {part}s: the message type (default: the file's first)",
+        )
+        for part in ("key", "value")
+    ),
     ConfigDef(
         PREFIX + "convert.value.subject",
         "string",
@@ -116,6 +125,8 @@ class TableTopicConfig:
     key_type: str = "none"  # none (no _kafka_key column) | raw | string | json | by_schema_id | ...
     key_subject: str = ""  # by_latest_schema keys
     transform: str = "flatten"  # flatten | none (one _kafka_value column) | flatten_debezium
+    value_message: str = ""  # by_latest_schema Protobuf: the message's full name ("": first)
+    key_message: str = ""
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -149,4 +160,6 @@ class TableTopicConfig:
             key_type=text("convert.key.type"),
             key_subject=text("convert.key.subject") or f"{topic}-key",
             transform=text("transform.value.type"),
+            value_message=text("convert.value.message.full.name"),
+            key_message=text("convert.key.message.full.name"),
         )

@@ -216,7 +216,8 @@ class JsonSchemaWriter:
         self.shape = Shape(struct_fields(top, "the JSON Schema"), self._decode)
         self.decoder = msgspec.json.Decoder()
 
-    def select(self, payload: bytes, framed: bool) -> tuple[Hashable, Shape, bytes]:
+    def select(self, payload: bytes, framed: bool, message: str = ""
+               ) -> tuple[Hashable, Shape, bytes]:
         return None, self.shape, payload
 
     def _decode(self, body: bytes) -> dict[str, Any]:

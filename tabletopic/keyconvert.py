@@ -38,6 +38,8 @@ def converter(cfg: TableTopicConfig, known: pa.Schema | None = None
     base: AnyConverter = (
         SchemaConverter(cfg.value_type, values_known) if cfg.value_type in SCHEMA_TYPES
         else Converter(cfg.value_type, values_known))
+    if isinstance(base, SchemaConverter):
+        base.message_name = cfg.value_message
     values: ValueConverter = base if cfg.transform == "flatten" else TransformedConverter(
         base, cfg.transform)
     if cfg.key_type == "none":
@@ -48,6 +50,8 @@ def converter(cfg: TableTopicConfig, known: pa.Schema | None = None
     keys: AnyConverter = (
         SchemaConverter(cfg.key_type, fields) if cfg.key_type in SCHEMA_TYPES
         else Converter(cfg.key_type, fields))
+    if isinstance(keys, SchemaConverter):
+        keys.message_name = cfg.key_message
     return KeyedConverter(values, keys)
 
 

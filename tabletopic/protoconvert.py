@@ -7,8 +7,9 @@ and walked by their descriptors into rows.
 Which message: by_schema_id values carry Confluent's message indexes after the schema id
 (zigzag varints: a count, then the index of a top-level message and of nested ones; a single
 0 byte means the first message); by_latest_schema values are the bare message, of the file's
-first message type. Each message type is its own writer type (its own column set, merged like
-any other).
+first message type, or the one `table.topic.convert.value.message.full.name` (keys:
+`.key.message.full.name`) names. Each message type is its own writer type (its own column
+set, merged like any other).
 
 Protobuf -> Arrow (-> Iceberg): int32, sint32, sfixed32 -> int32 (int); int64, sint64,
 sfixed64, uint32, fixed32 -> int64 (long); uint64, fixed64 -> int64 (a value above 2^63 - 1
@@ -170,7 +171,17 @@ class ProtoWriter:
         self.file = pool.FindFileByName(fdp.name)
         if not self.file.message_types_by_name:
             raise Conflict("the schema has no message type")
-        self.shapes: dict[tuple[int, ...], Shape] = {}
+        self.shapes: dict[tuple[int, ...] | str, Shape] = {}
+
+    def _named(self, name: str) -> descriptor.Descriptor:
+        """A message type of this file by its full name (`package.Outer.Inner`)."""
+        todo = list(self.file.message_types_by_name.values())
+        while todo:
+            d = todo.pop()
+            if d.full_name == name:
+                return d
+            todo += list(d.nested_types)
+        raise Conflict(f"the schema has no message {name[:200]!r}")
 
     def _message(self, indexes: tuple[int, ...]) -> descriptor.Descriptor:
         types = list(self.file.message_types_by_name.values())
@@ -183,11 +194,13 @@ class ProtoWriter:
         assert d is not None
         return d
 
-    def select(self, payload: bytes, framed: bool) -> tuple[Hashable, Shape, bytes]:
-        indexes, start = message_indexes(payload) if framed else ((0,), 0)
+    def select(self, payload: bytes, framed: bool, message: str = ""
+               ) -> tuple[Hashable, Shape, bytes]:
+        indexes: tuple[int, ...] | str
+        indexes, start = message_indexes(payload) if framed else (message or (0,), 0)
         shape = self.shapes.get(indexes)
         if shape is None:
-            d = self._message(indexes)
+            d = self._message(indexes) if isinstance(indexes, tuple) else self._named(indexes)
             top, get = _Compiler().message(d)
             cls = message_factory.GetMessageClass(d)
 

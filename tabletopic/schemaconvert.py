@@ -20,6 +20,7 @@ follow errors.tolerance like any invalid record.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
@@ -34,9 +35,11 @@ from tabletopic.typeconvert import Shape, merge
 
 
 class WriterSchema(Protocol):
-    def select(self, payload: bytes, framed: bool) -> tuple[Hashable, Shape, bytes]:
+    def select(self, payload: bytes, framed: bool, message: str = ""
+               ) -> tuple[Hashable, Shape, bytes]:
         """The writer type of this payload (a key naming it, its shape) and the bytes left to
-        decode; `framed`: the payload follows a wire-format id (Protobuf message indexes)."""
+        decode; `framed`: the payload follows a wire-format id (Protobuf message indexes);
+        `message`: the Protobuf message type of bare payloads (default: the first)."""
         ...
 
 
@@ -79,6 +82,7 @@ class SchemaById(Protocol):
 PARSERS: dict[str, Callable[[str, list[tuple[str, str]]], WriterSchema]] = {
     "AVRO": parse_avro, "JSON": parse_json_schema, "PROTOBUF": parse_proto}
 WIRE = "not the Confluent wire format (magic byte 0, 4-byte schema id)"
+RECHECK_UNKNOWN_S = 30.0
 
 
 class SchemaConverter:
@@ -92,8 +96,10 @@ class SchemaConverter:
             self.fields = {f.name: plain(f.type) for f in known if f.name != "_kafka"}
         self.schemas: dict[int, WriterSchema | str] = {}  # a str says why it is unusable
         self.latest: int | None = None  # by_latest_schema: the id to read values with
+        self.message_name = ""  # by_latest_schema Protobuf: the message type (default first)
         self.latest_error = "no schema for the subject yet"
         self._merged: dict[tuple[int, Hashable], str | None] = {}
+        self._unknown: dict[int, float] = {}  # id -> when the registry did not have it
 
     @property
     def framed(self) -> bool:
@@ -107,11 +113,14 @@ class SchemaConverter:
         return int.from_bytes(value[1:5], "big")
 
     def missing_ids(self, records: list[Record]) -> set[int]:
-        """Schema ids of these records not given yet (by_schema_id)."""
+        """Schema ids of these records not given yet (by_schema_id), and ids the registry did
+        not hold (add_unknown) more than RECHECK_UNKNOWN_S ago: asked again."""
         if not self.framed:
             return set()
         ids = {self.schema_id(r.value) for r in records}
-        return {i for i in ids if i is not None and i not in self.schemas}
+        now = time.monotonic()
+        return {i for i in ids if i is not None and (
+            i not in self.schemas or now - self._unknown.get(i, now) > RECHECK_UNKNOWN_S)}
 
     def add_schema(self, schema_id: int, schema_type: str, text: str,
                    deps: list[tuple[str, str]] | None = None) -> None:
@@ -123,11 +132,16 @@ class SchemaConverter:
                 raise Conflict(f"unknown schema type {schema_type}")
             self.schemas[schema_id] = parser(text, deps or [])
         except Exception as e:  # parsers raise what their libraries raise: the reason goes on
-            self.add_unknown(schema_id, f"{type(e).__name__}: {e}" if not isinstance(
-                e, Conflict) else str(e))
+            why = str(e) if isinstance(e, Conflict) else f"{type(e).__name__}: {e}"
+            self.schemas[schema_id] = f"schema id {schema_id}: {why}"
+        self._unknown.pop(schema_id, None)
 
     def add_unknown(self, schema_id: int, reason: str) -> None:
+        """An id the registry does not hold (or no registry): its records are invalid, and
+        the id is asked for again after RECHECK_UNKNOWN_S (another registry may have been
+        behind)."""
         self.schemas[schema_id] = f"schema id {schema_id}: {reason}"
+        self._unknown[schema_id] = time.monotonic()
 
     def schema(self) -> pa.Schema:
         return pa.schema([KAFKA_FIELD, *(pa.field(k, t) for k, t in self.fields.items())])
@@ -147,7 +161,7 @@ class SchemaConverter:
         if isinstance(ws, str):
             raise Conflict(ws)
         try:
-            key, shape, body = ws.select(payload, self.framed)
+            key, shape, body = ws.select(payload, self.framed, self.message_name)
         except Conflict as e:
             raise Conflict(f"schema id {sid}: {e}") from None
         if (sid, key) not in self._merged:

@@ -154,10 +154,16 @@ def test_bad_records_are_invalid_with_reason() -> None:
     assert "union of 2 non-null" in reasons[4]
 
 
-def test_missing_ids_and_restart_from_table_schema() -> None:
+def test_missing_ids_and_restart_from_table_schema(monkeypatch: pytest.MonkeyPatch) -> None:
     s = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
     c = AvroConverter(known=pa.schema([pa.field("a", pa.int64())]))
     assert c.missing_ids([rec(0, wire(7, s, {"a": 1})), rec(1, b"x")]) == {7}
+    c.add_unknown(7, "not in the schema registry")
+    assert c.missing_ids([rec(0, wire(7, s, {"a": 1}))]) == set()
+    import tabletopic.schemaconvert as sc
+
+    monkeypatch.setattr(sc, "RECHECK_UNKNOWN_S", -1.0)  # an unknown id is asked for again
+    assert c.missing_ids([rec(0, wire(7, s, {"a": 1}))]) == {7}
     c.add_schema(7, "AVRO", json.dumps(s))
     table, _ = c.convert(0, [rec(0, wire(7, s, {"a": 1}))])
     assert table is not None and table.schema.field("a").type == pa.int64()  # kept wide

@@ -14,6 +14,8 @@ from google.protobuf import message_factory
 
 from broker.protocol.recordcodec import Record
 from broker.schemaregistry.protobuf import descriptor_pool_of
+from tabletopic.config import TableTopicConfig
+from tabletopic.keyconvert import converter
 from tabletopic.protoconvert import message_indexes
 from tabletopic.schemaconvert import SchemaConverter
 
@@ -157,3 +159,16 @@ def test_bare_messages_with_the_latest_schema() -> None:
     c.latest = 9
     t, dead = c.convert(0, [rec(1, ev(id=1, note="x").SerializeToString())])
     assert dead == [] and t is not None and t.to_pylist()[0]["note"] == "x"
+    # table.topic.convert.value.message.full.name: another (here nested) message type
+    settings = TableTopicConfig.of("t", {
+        "table.topic.convert.value.type": "by_latest_schema",
+        "table.topic.convert.value.message.full.name": "floe.test.Other.Deep"})
+    named = converter(settings)
+    assert isinstance(named, SchemaConverter)
+    named.add_schema(1, "PROTOBUF", PROTO)
+    named.latest = 1
+    t, dead = named.convert(0, [rec(2, classes(PROTO)["Other.Deep"](v=5).SerializeToString())])
+    assert dead == [] and t is not None and t.to_pylist()[0]["v"] == 5
+    named.message_name = "floe.test.Nope"
+    _t, dead = named.convert(0, [rec(3, b"")])
+    assert "no message 'floe.test.Nope'" in dead[0].reason
