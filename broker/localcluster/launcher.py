@@ -64,8 +64,9 @@ Several brokers on one store are not safe yet (see deploy/README.md).""",
     p.add_argument("--brokers", type=int, default=3, help="number of brokers (3)")
     p.add_argument("--data-dir", help="directory of the cluster (default: a temporary one, "
                    "deleted at exit)")
-    p.add_argument("--object-store", help="an s3:// URL of a running S3-compatible store (the "
-                   "bucket is created if missing); default: start moto's S3 server")
+    p.add_argument("--object-store", help="an s3:// URL of a running S3-compatible store (its "
+                   "bucket and the warehouse's, `warehouse`, are created if missing); default: "
+                   "start moto's S3 server")
     p.add_argument("--metadata", default="auto", help="'postgresql' (start a throwaway "
                    "PostgreSQL), 'sqlite' (one file shared by the brokers), 'auto' (PostgreSQL "
                    "when installed; the default) or a metadata URL to use as it is")

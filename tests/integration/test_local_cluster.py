@@ -216,3 +216,16 @@ def test_local_cluster_runs_reports_and_stops_cleanly(tmp_path: Path, metadata: 
             assert refuses(address), f"{address} still accepts connections"
         if db.scheme == "postgresql":
             assert refuses(f"{db.hostname}:{db.port}")
+
+
+def test_a_data_dir_from_an_earlier_run_is_refused(tmp_path: Path) -> None:
+    """moto keeps objects in memory: metadata left in the directory would point at nothing."""
+    (tmp_path / "meta.db").write_bytes(b"")
+    out = subprocess.run(
+        [sys.executable, "-m", "broker.cli", "local-cluster", "--base-port", "0",
+         "--metadata", "sqlite", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2, out
+    assert "is not empty" in out.stderr and "NOT safe" in out.stderr
+    assert "bootstrap:" not in out.stdout
