@@ -154,8 +154,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         with ExitStack() as stack:
             return _run(args, cluster_dir, stack, stop)
-    except (StartError, MotoMissing, postgres.PostgresUnavailable, RuntimeError, OSError) as e:
+    except (StartError, MotoMissing, postgres.PostgresUnavailable) as e:
         print(f"floe local-cluster: {e}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as e:  # e.g. a given store that cannot be reached: one line, no traceback
+        print(f"floe local-cluster: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
         if temporary:
