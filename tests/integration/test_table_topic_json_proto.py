@@ -93,7 +93,10 @@ def test_json_schema_v1_then_v2_typed_columns_exactly_once(broker: BrokerProcess
     produce(p, "events.json", [ser1(jevent(i, False), ctx) for i in range(200)], acked)
     wait_for(data, "events_json", set(acked), 20)
     ser2 = JSONSerializer(json.dumps(JV2), sr)  # registers v2 on first use, mid-stream
-    produce(p, "events.json", [ser2(jevent(i, True), ctx) for i in range(200, 400)], acked)
+    t2 = produce(p, "events.json", [ser2(jevent(i, True), ctx) for i in range(200, 400)], acked)
+    _rows, seen2 = wait_for(data, "events_json", set(acked), 20)
+    print(f"freshness across the JSON Schema change: {seen2 - t2:.2f}s after the last v2 ack"
+          " (commit.interval.ms=500)")
     bad: dict[tuple[int, int], bytes] = {}
     produce(p, "events.json", [b'{"id": 1}', b"\x00\x00\x01\x86\xa0{}",
                                b"\x00" + ser1(jevent(0, False), ctx)[1:5] + b'{"id": "x"}'],
@@ -185,8 +188,11 @@ def test_protobuf_v1_then_v2_typed_columns_exactly_once(broker: BrokerProcess,  
     produce(p, "events.proto", [ser1(pevent(c1, i, False), ctx) for i in range(200)], acked)
     wait_for(data, "events_proto", set(acked), 20)
     ser2 = ProtobufSerializer(c2, sr, {"use.deprecated.format": False})
-    produce(p, "events.proto", [ser2(pevent(c2, i, True), ctx) for i in range(200, 400)],
-            acked)
+    t2 = produce(p, "events.proto", [ser2(pevent(c2, i, True), ctx) for i in range(200, 400)],
+                 acked)
+    _rows, seen2 = wait_for(data, "events_proto", set(acked), 20)
+    print(f"freshness across the Protobuf schema change: {seen2 - t2:.2f}s after the last v2"
+          " ack (commit.interval.ms=500)")
     bad: dict[tuple[int, int], bytes] = {}
     produce(p, "events.proto", [b"plain", ser1(pevent(c1, 1, False), ctx)[:5] + b"\x00\xff"],
             bad)
