@@ -15,8 +15,26 @@ from __future__ import annotations
 from typing import Any
 
 from pyiceberg.catalog import Catalog
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from s3stream.retry import RetryPolicy
 from tabletopic.warehouse import parse_warehouse
+
+# pyiceberg's SqlCatalog creates its tables when it finds none; brokers of a cluster starting
+# together race there, and the losers get a duplicate-key/duplicate-table error. Opening again
+# finds the tables the winner made. (PostgreSQL says duplicate key or table; SQLite says
+# "table ... already exists", or "database is locked" while the winner writes.)
+
+
+def _lost_create_race(e: BaseException) -> bool:
+    if isinstance(e, IntegrityError | ProgrammingError):
+        return True
+    return isinstance(e, OperationalError) and any(
+        s in str(e) for s in ("already exists", "database is locked"))
+
+
+_CREATE_RACE = RetryPolicy(
+    max_attempts=5, base_delay=0.1, max_delay=1.0, deadline=10.0, retriable=_lost_create_race)
 
 
 def catalog_properties(warehouse_url: str) -> dict[str, str]:
@@ -27,15 +45,13 @@ def catalog_properties(warehouse_url: str) -> dict[str, str]:
 
 def open_catalog(url: str, warehouse: str, name: str = "floe") -> Catalog:
     props: dict[str, Any] = catalog_properties(warehouse)
-    if url.startswith("sqlite:///"):
+    if url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         from pyiceberg.catalog.sql import SqlCatalog
 
-        return SqlCatalog(name, uri=url, **props)
-    if url.startswith(("postgresql://", "postgres://")):
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        uri = "postgresql+psycopg://" + url.split("://", 1)[1]
-        return SqlCatalog(name, uri=uri, **props)
+        uri = url if url.startswith("sqlite:///") else (
+            "postgresql+psycopg://" + url.split("://", 1)[1])
+        return _CREATE_RACE.run(lambda: SqlCatalog(name, uri=uri, **props),
+                                f"opening catalog {url.split('@')[-1]}")
     if url.startswith(("rest+http://", "rest+https://")):
         raise ValueError(
             f"catalog {url!r}: Iceberg REST catalogs are not supported yet (floe's commit "
