@@ -81,6 +81,23 @@ class Group:
             del self.static[m.instance_id]
         m.fail_waiting(code, why, out)
 
+    def join_result(self, m: Member) -> JoinResult:
+        """The current generation as member `m`'s JoinGroup answer; the leader's carries
+        every member's metadata for the chosen protocol."""
+        assert self.leader is not None and self.protocol_name is not None
+        protocol, everyone = self.protocol_name, m.member_id == self.leader
+        members = [
+            (o.member_id, o.instance_id, o.metadata_for(protocol)) for o in self.members.values()
+        ]
+        return JoinResult(
+            self.generation,
+            self.protocol_type,
+            protocol,
+            self.leader,
+            m.member_id,
+            members if everyone else [],
+        )
+
     def sync_done(self, ticket: int, m: Member) -> SyncDone:
         """The answer to member `m`'s SyncGroup `ticket`: its assignment."""
         return SyncDone(ticket, m.member_id, m.assignment, self.protocol_type, self.protocol_name)

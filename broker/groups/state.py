@@ -31,7 +31,6 @@ from broker.groups.model import (
     Failed,
     Group,
     JoinDone,
-    JoinResult,
     JoinTimer,
     Member,
     MemberIdRequired,
@@ -130,8 +129,14 @@ class GroupTable:
             if instance_id is not None:
                 g.static[instance_id] = member_id
         else:
+            unchanged = m.protocols == protocols
             m.protocols, m.session_timeout_s = protocols, session_timeout_s
             m.rebalance_timeout_s, m.last_seen = rebalance_timeout_s, now
+            if unchanged and (
+                g.state == COMPLETING or (g.state == STABLE and member_id != g.leader)
+            ):  # a JoinGroup repeated (its answer lost, say): the current generation, as Kafka
+                ticket = next(self._tickets)
+                return Wait(member_id, ticket, [JoinDone(ticket, g.join_result(m))])
         if m.join_ticket is not None:
             out.append(Failed(m.join_ticket, member_id, ErrorCode.rebalance_in_progress))
         m.join_ticket = ticket = next(self._tickets)
@@ -172,24 +177,13 @@ class GroupTable:
             return
         common = g.common_protocols()
         votes = Counter(next(n for n, _ in m.protocols if n in common) for m in g.members.values())
-        g.protocol_name = protocol = votes.most_common(1)[0][0]
+        g.protocol_name = votes.most_common(1)[0][0]
         if g.leader not in g.members:
             g.leader = next(iter(g.members))
         g.state = COMPLETING
-        everyone = [
-            (m.member_id, m.instance_id, m.metadata_for(protocol)) for m in g.members.values()
-        ]
         for m in g.members.values():
             assert m.join_ticket is not None
-            result = JoinResult(
-                g.generation,
-                g.protocol_type,
-                protocol,
-                g.leader,
-                m.member_id,
-                everyone if m.member_id == g.leader else [],
-            )
-            out.append(JoinDone(m.join_ticket, result))
+            out.append(JoinDone(m.join_ticket, g.join_result(m)))
             m.join_ticket, m.assignment, m.last_seen = None, b"", now
 
     # -- SyncGroup / Heartbeat / LeaveGroup ------------------------------------------------

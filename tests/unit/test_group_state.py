@@ -233,7 +233,8 @@ def test_offset_commits_follow_kafka_rules(table: GroupTable, clock: FakeClock) 
     # a commit outside group management needs a group with no member
     assert code(commit, table.groups, "g", -1, "", None) == ErrorCode.unknown_member_id
     commit(table.groups, "other", -1, "", None)
-    join(table, b.member_id)  # PreparingRebalance: commits of the current generation pass
+    join(table, a.member_id)  # PreparingRebalance: commits of the current generation pass
+    assert table.groups["g"].state == PREPARING
     commit(table.groups, "g", 1, a.member_id, None)
 
 
@@ -303,19 +304,39 @@ def test_a_repeated_join_answers_the_first_with_rebalance_in_progress(table: Gro
 
 def test_an_abandoned_join_does_not_count_as_rejoined(table: GroupTable, clock: FakeClock) -> None:
     leader, follower = stable_pair(table, clock)
-    first = join(table, follower)
-    table.abandon("g", first.ticket)  # its connection closed
-    out = join(table, leader).effects
-    assert not joined(out)  # still waiting for the follower
-    again = join(table, follower)
-    assert set(joined(again.effects)) == {again.ticket, out_ticket(table, leader, again)}
+    first = join(table, leader)  # a rebalance, waiting for the follower
+    table.abandon("g", first.ticket)  # the leader's connection closed
+    follower_rejoin = join(table, follower)
+    assert not joined(follower_rejoin.effects)  # the leader has not rejoined now
+    again = join(table, leader)
+    assert set(joined(again.effects)) == {again.ticket, follower_rejoin.ticket}
 
 
-def out_ticket(table: GroupTable, member_id: str, last: Wait) -> int:
-    """The ticket `member_id` waited on, answered among `last`'s effects."""
-    tickets = [t for t, r in joined(last.effects).items() if r.member_id == member_id]
-    assert len(tickets) == 1
-    return tickets[0]
+def test_a_repeated_join_with_unchanged_metadata_gets_the_current_generation(
+    table: GroupTable, clock: FakeClock
+) -> None:
+    a, b = join(table), join(table)
+    clock.now += INITIAL_DELAY_S
+    first = joined(table.advance())
+    waiting = table.sync("g", 1, b.member_id, None, {})
+    # CompletingRebalance: the leader or a follower asking again (its answer lost, say)
+    for w in (a, b):
+        again = join(table, w.member_id)
+        assert joined(again.effects) == {again.ticket: first[w.ticket]}
+    assert table.groups["g"].state == COMPLETING  # no new rebalance; b's SyncGroup still waits
+    ls = table.sync("g", 1, a.member_id, None, {a.member_id: b"A", b.member_id: b"B"})
+    assert synced(ls.effects) == {waiting.ticket: b"B", ls.ticket: b"A"}
+    # Stable: a follower asking again gets generation 1 (no member list), then its assignment
+    again = join(table, b.member_id)
+    assert joined(again.effects) == {again.ticket: first[b.ticket]}
+    assert table.groups["g"].state == STABLE
+    # changed metadata does start a rebalance, as does the leader's JoinGroup
+    changed = table.join(
+        "g", b.member_id, None, "client", "h", SESSION_S, REBALANCE_S, "consumer",
+        [("range", b"other-topics")], False,
+    )  # fmt: skip
+    assert not joined(changed.effects)
+    assert table.groups["g"].state == PREPARING
 
 
 def test_requests_the_group_cannot_take(table: GroupTable) -> None:

@@ -51,7 +51,9 @@ async def test_a_cancelled_join_no_longer_counts_as_rejoined() -> None:
     c = GroupCoordinator(initial_delay_s=0.05, min_session_s=1.0)
     try:
         a, b = await asyncio.wait_for(asyncio.gather(join(c), join(c)), 5)
-        rejoin = join(c, a.member_id)  # waits for b
+        assignments = {a.member_id: b"", b.member_id: b""}
+        await asyncio.wait_for(c.sync("g", 1, a.member_id, None, assignments), 1)
+        rejoin = join(c, a.member_id)  # the leader: a rebalance, waiting for b
         await asyncio.sleep(0.01)
         member = c.groups["g"].members[a.member_id]
         assert member.join_ticket is not None
