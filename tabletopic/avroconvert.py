@@ -9,7 +9,9 @@ table with an Iceberg time column at all), timestamp-millis and timestamp-micros
 (timestamp[us, UTC] / timestamptz: an Avro timestamp is an instant), local-timestamp-* (timestamp
 [us] / timestamp), decimal (decimal128(p, s) / decimal(p, s)), uuid (string, which every
 Iceberg engine reads; Iceberg's uuid type is not read by pyarrow-based readers everywhere).
-Named types may be used again by name, also across references (the referenced schemas are
+The top-level type is usually a record (its fields become columns); any type does for a
+`_kafka_key` or `_kafka_value` column. Named types may be used again by name, also across
+references (the referenced schemas are
 parsed first, into the same names). A union of two non-null types, a recursive type or a
 decimal wider than 38 digits has no Iceberg form: Conflict.
 """
@@ -27,7 +29,7 @@ import fastavro
 import pyarrow as pa
 
 from tabletopic.convert import Conflict
-from tabletopic.typeconvert import Shape, struct_fields
+from tabletopic.typeconvert import Shape
 
 PRIMITIVES = {
     "boolean": pa.bool_(),
@@ -121,16 +123,14 @@ class AvroWriter:
         top, _ = avro_to_arrow(self.parsed, named)
         texts = [text, *(t for _, t in deps)]
         self.needs_fix = any(m in t for t in texts for m in ('"uuid"', '"time-mi'))
-        self.shape = Shape(struct_fields(top, "the Avro schema"), self._decode)
+        self.shape = Shape(top, self._decode)
 
     def select(self, payload: bytes, framed: bool, message: str = ""
                ) -> tuple[Hashable, Shape, bytes]:
         return None, self.shape, payload
 
-    def _decode(self, body: bytes) -> dict[str, Any]:
+    def _decode(self, body: bytes) -> Any:
         doc = fastavro.schemaless_reader(io.BytesIO(body), self.parsed, None)
-        if not isinstance(doc, dict):
-            raise ValueError("not a record")
         return _fix(doc) if self.needs_fix else doc
 
 

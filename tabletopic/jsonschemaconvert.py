@@ -30,7 +30,7 @@ import msgspec
 import pyarrow as pa
 
 from tabletopic.convert import INT64_MAX, INT64_MIN, Conflict
-from tabletopic.typeconvert import Shape, struct_fields
+from tabletopic.typeconvert import Shape
 
 Coerce = Callable[[Any], Any]
 Node = tuple[pa.DataType, Coerce]
@@ -208,21 +208,20 @@ def _list(v: Any) -> list[Any]:
 
 
 class JsonSchemaWriter:
-    """One JSON Schema writer schema (an object)."""
+    """One JSON Schema writer schema (usually an object)."""
 
     def __init__(self, text: str, deps: list[tuple[str, str]]) -> None:
         root = json.loads(text)
         top, self.coerce = _Compiler(root).node(root)
-        self.shape = Shape(struct_fields(top, "the JSON Schema"), self._decode)
+        self.shape = Shape(top, self._decode)
         self.decoder = msgspec.json.Decoder()
 
     def select(self, payload: bytes, framed: bool, message: str = ""
                ) -> tuple[Hashable, Shape, bytes]:
         return None, self.shape, payload
 
-    def _decode(self, body: bytes) -> dict[str, Any]:
-        row: dict[str, Any] = self.coerce(self.decoder.decode(body))
-        return row
+    def _decode(self, body: bytes) -> Any:
+        return self.coerce(self.decoder.decode(body))
 
 
 def parse_json_schema(text: str, deps: list[tuple[str, str]]) -> JsonSchemaWriter:

@@ -4,8 +4,9 @@ for it), next to the value columns. The key also stays as bytes in `_kafka.key`.
 The key is converted like a value by its own converter (tabletopic.convert for raw, string,
 json; tabletopic.schemaconvert for by_schema_id / by_latest_schema with subject
 `table.topic.convert.key.subject`, default `<topic>-key`): raw -> binary, string -> string,
-and for json and the schema types the key's fields (a JSON object, an Avro record, a JSON Schema
-object, a Protobuf message) -> a struct, evolved like the value columns. A null key is a null
+json -> a struct of the key object's fields, and for the schema types the key's type as the
+schema says (an Avro record, JSON Schema object or Protobuf message -> a struct; an Avro
+`string` or `long` -> string, long; ...), evolved like the value columns. A null key is a null
 `_kafka_key`. A record whose key cannot be converted (not UTF-8, not a JSON object, not in
 the wire format, ...) is invalid, its reason starting with "key: ".
 """
@@ -44,14 +45,16 @@ def converter(cfg: TableTopicConfig, known: pa.Schema | None = None
         base, cfg.transform)
     if cfg.key_type == "none":
         return values
-    fields = None
-    if key_known is not None and pa.types.is_struct(key_known):
-        fields = pa.schema(list(key_known))
-    keys: AnyConverter = (
-        SchemaConverter(cfg.key_type, fields) if cfg.key_type in SCHEMA_TYPES
-        else Converter(cfg.key_type, fields))
-    if isinstance(keys, SchemaConverter):
+    keys: AnyConverter
+    if cfg.key_type in SCHEMA_TYPES:  # the key's type, whatever it is, in one column
+        whole = pa.schema([pa.field("value", key_known)]) if key_known is not None else None
+        keys = SchemaConverter(cfg.key_type, whole, whole=True)
         keys.message_name = cfg.key_message
+    else:
+        fields = None
+        if key_known is not None and pa.types.is_struct(key_known):
+            fields = pa.schema(list(key_known))
+        keys = Converter(cfg.key_type, fields)
     return KeyedConverter(values, keys)
 
 
@@ -111,7 +114,9 @@ class KeyedConverter:
         if ktable is None:
             return table, invalid
         cols = [c for c in ktable.column_names if c != "_kafka"]
-        if self.keys.value_type in ("raw", "string"):
+        if self.keys.value_type in ("raw", "string") or isinstance(self.keys, SchemaConverter):
+            if "value" not in cols:
+                return table, invalid  # only null keys so far: no column
             column = ktable.column("value").combine_chunks()
         elif not cols:
             return table, invalid  # no typed key seen yet: no column

@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from broker.schemaregistry.protobuf import descriptor_pool_of
 from tabletopic.convert import INT64_MAX, Conflict
-from tabletopic.typeconvert import Shape, struct_fields
+from tabletopic.typeconvert import Shape
 
 FD = descriptor.FieldDescriptor
 Get = Callable[[Any], Any]
@@ -208,7 +208,7 @@ class ProtoWriter:
                 row: dict[str, Any] = get(cls.FromString(body))
                 return row
 
-            shape = Shape(struct_fields(top, f"message {d.full_name}"), decode)
+            shape = Shape(top, decode)
             self.shapes[indexes] = shape
         return indexes, shape, payload[start:]
 

@@ -31,7 +31,7 @@ from tabletopic.avroconvert import parse_avro
 from tabletopic.convert import KAFKA_FIELD, Conflict, Invalid, kafka_column, plain
 from tabletopic.jsonschemaconvert import parse_json_schema
 from tabletopic.protoconvert import parse_proto
-from tabletopic.typeconvert import Shape, merge
+from tabletopic.typeconvert import Shape, merge, struct_fields
 
 
 class WriterSchema(Protocol):
@@ -88,9 +88,12 @@ RECHECK_UNKNOWN_S = 30.0
 class SchemaConverter:
     """Converts values written with registered schemas (see the module docstring)."""
 
-    def __init__(self, value_type: str = "by_schema_id", known: pa.Schema | None = None
-                 ) -> None:
+    def __init__(self, value_type: str = "by_schema_id", known: pa.Schema | None = None,
+                 whole: bool = False) -> None:
+        """whole: values of any type in one column `value` (keys); else the fields of
+        record values are the columns."""
         self.value_type = value_type
+        self.whole = whole
         self.fields: dict[str, pa.DataType] = {}
         if known is not None:
             self.fields = {f.name: plain(f.type) for f in known if f.name != "_kafka"}
@@ -174,7 +177,12 @@ class SchemaConverter:
     def _merge(self, shape: Shape) -> str | None:
         """Widen the columns for this writer type; the reason if Iceberg cannot."""
         try:
-            self.fields = merge(self.fields, shape.fields)
+            fields = {"value": shape.type} if self.whole else struct_fields(
+                shape.type, "the schema")
+        except Conflict as e:
+            return str(e)
+        try:
+            self.fields = merge(self.fields, fields)
         except Conflict as e:
             return f"field change Iceberg cannot express: {e}"
         return None
@@ -198,7 +206,12 @@ class SchemaConverter:
                 invalid.append(Invalid(r, str(e)))
                 continue
             try:
-                rows.append(shape.decode(body))
+                row = shape.decode(body)
+                if self.whole:
+                    row = {"value": row}
+                elif not isinstance(row, dict):
+                    raise ValueError("not a record")
+                rows.append(row)
             except Exception as e:  # decoders raise many types on truncated / bad data
                 invalid.append(Invalid(
                     r, f"schema id {sid}: cannot decode the value: {type(e).__name__}: {e}"))

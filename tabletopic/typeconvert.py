@@ -23,11 +23,12 @@ RESERVED = ("_kafka", "_kafka_key", "_kafka_value", "_cdc")
 
 @dataclass(frozen=True)
 class Shape:
-    """One writer type: its top-level columns, and `decode(payload) -> row`, which raises
-    (any exception) on bad data."""
+    """One writer type: the Arrow type of its values (a struct for records, objects and
+    messages) and `decode(payload) -> value` (a dict for a struct), which raises (any
+    exception) on bad data."""
 
-    fields: dict[str, pa.DataType]
-    decode: Callable[[bytes], dict[str, Any]]
+    type: pa.DataType
+    decode: Callable[[bytes], Any]
 
 
 def struct_fields(t: pa.DataType, what: str) -> dict[str, pa.DataType]:

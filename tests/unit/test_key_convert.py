@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 import fastavro
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pyarrow as pa
 from broker.protocol.recordcodec import Record
 from tabletopic.config import TableTopicConfig
 from tabletopic.keyconvert import KeyedConverter, converter, schema_parts
+from tabletopic.schemaconvert import SchemaConverter
 
 
 def cfg(**kv: str) -> TableTopicConfig:
@@ -79,3 +81,29 @@ def test_schema_keys_with_schema_values() -> None:
     assert table is not None and table.to_pylist()[0]["_kafka_key"] == {"id": 7}
     assert table.column("n").to_pylist() == [1]
     assert dead[0].record.offset == 1 and dead[0].reason.startswith("key: not the Confluent")
+
+
+def test_schema_keys_of_any_type() -> None:
+    """An Avro `string` key (what AvroSerializer writes for a str) is a string _kafka_key;
+    widening (int -> long) and a restart from the table's schema work as for values."""
+    def avro(schema: Any, sid: int, v: Any) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), v)
+        return b"\x00" + sid.to_bytes(4, "big") + buf.getvalue()
+
+    settings = cfg(convert_value_type="raw", convert_key_type="by_schema_id")
+    c = converter(settings)
+    assert isinstance(c, KeyedConverter) and isinstance(c.keys, SchemaConverter)
+    c.keys.add_schema(1, "AVRO", '"string"')
+    c.keys.add_schema(2, "AVRO", '"int"')
+    t, dead = c.convert(0, [rec(0, avro("string", 1, "user-1"), b"v"), rec(1, None, b"v")])
+    assert dead == [] and t is not None
+    assert t.schema.field("_kafka_key").type == pa.string()
+    assert t.column("_kafka_key").to_pylist() == ["user-1", None]
+    _t, dead = c.convert(0, [rec(2, avro("int", 2, 5), b"v")])
+    assert "key: schema id 2: field change Iceberg cannot express" in dead[0].reason
+    again = converter(settings, t.schema)
+    assert isinstance(again, KeyedConverter) and isinstance(again.keys, SchemaConverter)
+    again.keys.add_schema(1, "AVRO", '"string"')
+    t2, _ = again.convert(0, [rec(3, avro("string", 1, "u"), b"v")])
+    assert t2 is not None and t2.schema == t.schema
