@@ -5,6 +5,7 @@ from broker.handlers import (  # noqa: F401
     configs,
     delete_records,
     fetch,
+    group_admin,
     groups,
     metadata,
     offsets,

@@ -178,10 +178,6 @@ def build(cls: type[T], **values: object) -> T:
     return cls(**kept)
 
 
-def has_field(cls: type[DataclassInstance], name: str) -> bool:
-    return name in _fields(cls)[0]
-
-
 @cache
 def _response_classes(api_key: int, name: str) -> dict[int, type[DataclassInstance]]:
     found = {_place(cls)[1]: cls for cls in _classes(api_key, EntityType.response, name)}
@@ -206,6 +202,8 @@ def nested_class_or_none(api_key: int, version: int, name: str) -> type[Dataclas
 
 
 def response_class(types: ApiTypes[Rq, Rs], version: int) -> type[Rs]:
+    # kio's loader is untyped (type[Any]); Rs is the union of exactly these classes over the
+    # served versions, which tests/unit/test_apitypes.py checks
     cls: type[Rs] = response_type(types.key, version)
     return cls
 

@@ -1,10 +1,8 @@
-"""FindCoordinator (10), JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
-DescribeGroups (15), ListGroups (16), DeleteGroups (42)."""
+"""JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14): a member's part in its
+group (FindCoordinator, DescribeGroups, ListGroups and DeleteGroups are in group_admin.py)."""
 
 from __future__ import annotations
 
-from kio.schema.find_coordinator.v0.request import FindCoordinatorRequest as FindCoordinatorV0
-from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest as FindCoordinatorV4
 from kio.schema.heartbeat.v0.request import HeartbeatRequest as HeartbeatV0
 from kio.schema.heartbeat.v1.request import HeartbeatRequest as HeartbeatV1
 from kio.schema.heartbeat.v2.request import HeartbeatRequest as HeartbeatV2
@@ -16,10 +14,6 @@ from kio.schema.join_group.v4.request import JoinGroupRequest as JoinGroupV4
 from kio.schema.leave_group.v0.request import LeaveGroupRequest as LeaveGroupV0
 from kio.schema.leave_group.v1.request import LeaveGroupRequest as LeaveGroupV1
 from kio.schema.leave_group.v2.request import LeaveGroupRequest as LeaveGroupV2
-from kio.schema.list_groups.v0.request import ListGroupsRequest as ListGroupsV0
-from kio.schema.list_groups.v1.request import ListGroupsRequest as ListGroupsV1
-from kio.schema.list_groups.v2.request import ListGroupsRequest as ListGroupsV2
-from kio.schema.list_groups.v3.request import ListGroupsRequest as ListGroupsV3
 from kio.schema.sync_group.v0.request import SyncGroupRequest as SyncGroupV0
 from kio.schema.sync_group.v1.request import SyncGroupRequest as SyncGroupV1
 from kio.schema.sync_group.v2.request import SyncGroupRequest as SyncGroupV2
@@ -27,73 +21,21 @@ from kio.schema.sync_group.v2.request import SyncGroupRequest as SyncGroupV2
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.coordinator import MemberIdRequired
 from broker.handlers.apitypes import (
-    DELETE_GROUPS,
-    DESCRIBE_GROUPS,
-    FIND_COORDINATOR,
     HEARTBEAT,
     JOIN_GROUP,
     LEAVE_GROUP,
-    LIST_GROUPS,
     SYNC_GROUP,
-    DeleteGroupsRequest,
-    DeleteGroupsResponse,
-    DescribeGroupsRequest,
-    DescribeGroupsResponse,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
-    ListGroupsRequest,
-    ListGroupsResponse,
     SyncGroupRequest,
     SyncGroupResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
 from broker.protocol.codec import RequestHead
-
-AUTHORIZED_OPS_OMITTED = -(2**31)
-
-
-@api(FIND_COORDINATOR, 0, 4)
-async def find_coordinator(
-    ctx: BrokerContext, head: RequestHead, req: FindCoordinatorRequest
-) -> FindCoordinatorResponse:
-    key_type = 0 if isinstance(req, FindCoordinatorV0) else req.key_type
-    code, message = ErrorCode.none, None
-    if key_type != 0:
-        code, message = ErrorCode.invalid_request, "only group coordinators (key type 0) exist"
-    node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == 0 else (-1, "", -1)
-    if isinstance(req, FindCoordinatorV4):
-        coord = nested(head, "Coordinator")
-        return build(
-            resp(head, FIND_COORDINATOR),
-            throttle_time=ZERO_MS,
-            coordinators=tuple(
-                build(
-                    coord,
-                    key=k,
-                    node_id=node,
-                    host=host,
-                    port=port,
-                    error_code=code,
-                    error_message=message,
-                )
-                for k in req.coordinator_keys
-            ),
-        )
-    return build(
-        resp(head, FIND_COORDINATOR),
-        throttle_time=ZERO_MS,
-        error_code=code,
-        error_message=message,
-        node_id=node,
-        host=host,
-        port=port,
-    )
 
 
 @api(JOIN_GROUP, 0, 9)
@@ -233,99 +175,3 @@ async def leave_group(
         error_code=ErrorCode.none,
         members=tuple(results),
     )
-
-
-@api(DESCRIBE_GROUPS, 0, 5)
-async def describe_groups(
-    ctx: BrokerContext, head: RequestHead, req: DescribeGroupsRequest
-) -> DescribeGroupsResponse:
-    group_cls = nested(head, "DescribedGroup")
-    member_cls = nested(head, "DescribedGroupMember")
-    out = []
-    for gid in req.groups:
-        g = ctx.groups.groups.get(gid)
-        if g is None:
-            state = "Empty" if ctx.offsets.of_group(gid) else "Dead"
-            out.append(
-                build(
-                    group_cls,
-                    error_code=ErrorCode.none,
-                    group_id=gid,
-                    group_state=state,
-                    protocol_type="",
-                    protocol_data="",
-                    members=(),
-                    authorized_operations=AUTHORIZED_OPS_OMITTED,
-                )
-            )
-            continue
-        stable = g.state == "Stable"
-        members = tuple(
-            build(
-                member_cls,
-                member_id=m.member_id,
-                group_instance_id=m.instance_id,
-                client_id=m.client_id,
-                client_host=m.client_host,
-                member_metadata=m.metadata_for(g.protocol_name)
-                if stable and g.protocol_name
-                else b"",
-                member_assignment=m.assignment if stable else b"",
-            )
-            for m in g.members.values()
-        )
-        out.append(
-            build(
-                group_cls,
-                error_code=ErrorCode.none,
-                group_id=gid,
-                group_state=g.state,
-                protocol_type=g.protocol_type or "",
-                protocol_data=(g.protocol_name or "") if stable else "",
-                members=members,
-                authorized_operations=AUTHORIZED_OPS_OMITTED,
-            )
-        )
-    return build(resp(head, DESCRIBE_GROUPS), throttle_time=ZERO_MS, groups=tuple(out))
-
-
-@api(LIST_GROUPS, 0, 4)
-async def list_groups(
-    ctx: BrokerContext, head: RequestHead, req: ListGroupsRequest
-) -> ListGroupsResponse:
-    listed = nested(head, "ListedGroup")
-    old = ListGroupsV0 | ListGroupsV1 | ListGroupsV2 | ListGroupsV3  # no states_filter
-    wanted = set() if isinstance(req, old) else {s.lower() for s in req.states_filter}
-    states: dict[str, tuple[str, str]] = {
-        gid: ("consumer", "Empty") for gid in ctx.offsets.offsets if ctx.offsets.of_group(gid)
-    }
-    for gid, g in ctx.groups.groups.items():
-        if g.members or gid not in states:
-            states[gid] = (g.protocol_type or "consumer", g.state)
-    groups = tuple(
-        build(listed, group_id=gid, protocol_type=ptype, group_state=state)
-        for gid, (ptype, state) in sorted(states.items())
-        if not wanted or state.lower() in wanted
-    )
-    return build(
-        resp(head, LIST_GROUPS), throttle_time=ZERO_MS, error_code=ErrorCode.none, groups=groups
-    )
-
-
-@api(DELETE_GROUPS, 0, 2)
-async def delete_groups(
-    ctx: BrokerContext, head: RequestHead, req: DeleteGroupsRequest
-) -> DeleteGroupsResponse:
-    result_cls = nested(head, "DeletableGroupResult")
-    results = []
-    for gid in req.groups_names:
-        code = ErrorCode.none
-        try:
-            if gid not in ctx.groups.groups and not ctx.offsets.of_group(gid):
-                raise KafkaError(ErrorCode.group_id_not_found)
-            ctx.groups.delete(gid)
-            await ctx.offsets.delete(gid, None)
-        except KafkaError as e:
-            code = e.code
-        results.append(build(result_cls, group_id=gid, error_code=code))
-    return build(resp(head, DELETE_GROUPS), throttle_time=ZERO_MS, results=tuple(results))
