@@ -8,9 +8,11 @@ as the `_kafka_key` column (convert.key.type=by_schema_id)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
+import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -291,3 +293,43 @@ def test_keys_become_the_kafka_key_column(broker: BrokerProcess,  # noqa: F811
     assert isinstance(key_type, StructType)
     dead = dead_letters(broker.bootstrap, "keyed.dlq", 1)
     assert dict(dead[0].headers())["floe.error.reason"].decode().startswith("key: ")
+
+
+def test_json_schema_change_iceberg_cannot_express_stops_with_tolerance_none(
+    broker: BrokerProcess, tmp_path: Path  # noqa: F811
+) -> None:
+    create_table_topic(broker.bootstrap, "strictjson", 1, **{
+        "table.topic.convert.value.type": "by_schema_id",
+        "table.topic.commit.interval.ms": "300", "table.topic.errors.tolerance": "none"})
+    sr = SchemaRegistryClient({"url": f"http://{registry_address(broker)}"})
+    sr.set_compatibility("strictjson-value", "NONE")
+    ctx = SerializationContext("strictjson", MessageField.VALUE)
+    s1 = {"type": "object", "properties": {"a": {"type": "string"}}}
+    s2 = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    ser1, ser2 = JSONSerializer(json.dumps(s1), sr), JSONSerializer(json.dumps(s2), sr)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for v in [ser1({"a": "x"}, ctx), ser1({"a": "y"}, ctx), ser2({"a": 1}, ctx),
+              ser1({"a": "z"}, ctx)]:
+        p.produce("strictjson", v, partition=0)
+        assert p.flush(10) == 0
+    sr.close()
+    metrics = broker.log().split("metrics on ", 1)[1].split()[0]
+    deadline = time.monotonic() + 20
+    stopped = None
+    while time.monotonic() < deadline and not stopped:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://{metrics}/status", timeout=5) as r:
+                status = json.load(r)
+            for tbl in status["tables"]:
+                if tbl["topic"] == "strictjson":
+                    stopped = tbl["partitions"][0]["stopped"]
+        time.sleep(0.2)
+    assert stopped is not None and stopped.startswith("offset 2:"), stopped
+    assert "Iceberg cannot" in stopped and "errors.tolerance=none" in stopped
+    deadline = time.monotonic() + 10
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and len(rows) < 2:
+        rows = table_rows(tmp_path / "data", "strictjson")
+        time.sleep(0.2)
+    time.sleep(1)
+    assert sorted(r["a"] for r in table_rows(tmp_path / "data", "strictjson")) == ["x", "y"]

@@ -229,3 +229,14 @@ def test_references_and_named_types_used_again() -> None:
     c.add_schema(6, "AVRO", json.dumps(recursive))
     _t, dead = c.convert(0, [rec(1, b"\x00\x00\x00\x00\x06\x00")])
     assert "recursive" in dead[0].reason
+
+
+def test_by_latest_schema_reads_bare_avro() -> None:
+    s = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}
+    c = AvroConverter("by_latest_schema")
+    c.add_schema(4, "AVRO", json.dumps(s))
+    c.latest = 4
+    bare = wire(4, s, {"a": 9})[5:]  # no magic byte, no id: the value is the Avro body only
+    table, dead = c.convert(0, [rec(0, bare), rec(1, b"\x80")])
+    assert table is not None and table.column("a").to_pylist() == [9]
+    assert "schema id 4: cannot decode" in dead[0].reason

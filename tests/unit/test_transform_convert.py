@@ -4,6 +4,7 @@ with Avro envelopes, bad events, restarts from the table's schema, and keys next
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 from typing import Any
@@ -120,3 +121,17 @@ def test_flatten_debezium_avro_envelope_and_restart() -> None:
     t2, dead = again.convert(0, [rec(2, wire({"before": None, "after": {"id": 2, "email": None},
                                               "source": src, "op": "r", "ts_ms": 6}))])
     assert dead == [] and t2 is not None and t2.schema == t.schema
+
+
+def test_none_with_a_json_schema_value() -> None:
+    c = converter(cfg(convert_value_type="by_schema_id", transform_value_type="none"))
+    assert isinstance(c, TransformedConverter) and isinstance(c.inner, SchemaConverter)
+    c.inner.add_schema(1, "JSON", json.dumps({"type": "object", "properties": {
+        "a": {"type": "integer"}, "d": {"type": "string", "format": "date"}}}))
+    t, dead = c.convert(0, [rec(0, b"\x00\x00\x00\x00\x01" + b'{"a": 1, "d": "2024-01-02"}'),
+                            rec(1, None)])
+    assert dead == [] and t is not None and t.column_names == ["_kafka", "_kafka_value"]
+    assert t.schema.field("_kafka_value").type == pa.struct(
+        [pa.field("a", pa.int64()), pa.field("d", pa.date32())])
+    assert [r["_kafka_value"] for r in t.to_pylist()] == [
+        {"a": 1, "d": dt.date(2024, 1, 2)}, None]
