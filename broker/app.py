@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from broker.admin import serve_admin
+from broker.cluster import ClusterSettings
 from broker.config import Settings, topic_defaults
 from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
@@ -46,10 +47,17 @@ def build_storage(settings: Settings) -> Storage:
         cache_max_bytes=settings.cache_max_bytes,
         readahead_bytes=settings.cache_readahead_bytes,
     )
+    cluster = ClusterSettings(
+        node_id=settings.node_id,
+        rack=settings.broker_rack,
+        heartbeat_interval_ms=settings.broker_heartbeat_interval_ms,
+        session_timeout_ms=settings.broker_session_timeout_ms,
+    )
     return Storage(
         open_object_store(settings.object_store_url),
         open_metadata_store(settings.metadata_url),
         wal,
+        cluster,
     )
 
 
@@ -199,6 +207,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     else:
         ctx.host = bound_host if bound_host not in ("0.0.0.0", "::") else socket.getfqdn()
         ctx.port = bound_port
+    await storage.advertise(ctx.host, ctx.port)  # other brokers' Metadata lists it now
     log.info(
         "floe broker %d: objects %s, metadata %s, cluster %s, advertised %s:%d",
         ctx.node_id,

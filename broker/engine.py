@@ -30,6 +30,7 @@ from typing import Protocol
 
 from prometheus_client.registry import Collector
 
+from broker.cluster.model import ClusterView
 from broker.config import ConfigError, Settings, TopicConfig, validate_topic_configs
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
@@ -181,6 +182,11 @@ class StorageEngine(Protocol):
 
     def collectors(self) -> list[Collector]:
         """Prometheus collectors of the engine's own counters, read at scrape time."""
+        ...
+
+    def cluster_view(self) -> ClusterView | None:
+        """The live brokers and each partition's leader and leader epoch, when brokers share
+        the engine's storage; None: this broker alone leads every partition."""
         ...
 
     # -- topics

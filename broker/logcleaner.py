@@ -443,7 +443,8 @@ class LogCleaner:
             for c in old
         ]
         try:
-            await self.log.meta.replace_chunks(writer.objects, writer.rows, old_rows)
+            await self.log.meta.replace_chunks(writer.objects, writer.rows, old_rows,
+                                               self.log.guards_for([sid]))
         except MetadataError as e:
             # refused: nobody ever referenced the new objects, delete them now. In doubt: the
             # store undoes the commit later and its garbage collection takes them then.

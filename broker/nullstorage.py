@@ -19,6 +19,7 @@ import uuid
 
 from prometheus_client.registry import Collector
 
+from broker.cluster.model import ClusterView
 from broker.config import Settings
 from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, TopicTable
 from broker.errors import ErrorCode, KafkaError
@@ -54,6 +55,9 @@ class NullStorage(TopicTable):
 
     def collectors(self) -> list[Collector]:
         return []  # counts nothing of its own
+
+    def cluster_view(self) -> ClusterView | None:
+        return None  # nothing shared: this broker leads every partition
 
     # -- topics ----------------------------------------------------------------------------
     def _add_partitions(self, t: Topic, count: int) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from broker import recordpolicy, storagemetrics
+from broker.cluster import ClusterNode, ClusterSettings, ClusterView, Snapshot
 from broker.config import Settings
 from broker.engine import (
     AppendResult,
@@ -32,7 +33,7 @@ from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
 from broker.health import HealthCheck
 from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
-from broker.metadata import KafkaMetadata, TopicRow, producer_rows
+from broker.metadata import KafkaMetadata, PartitionRow, TopicRow, producer_rows
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
 from broker.retention import retention_start
@@ -44,6 +45,7 @@ from s3stream.log import (
     OffsetOutOfRangeError,
     ProducerBatch,
     ReadRaceError,
+    StreamFencedError,
     StreamWriteError,
     UnknownStreamError,
     WalSettings,
@@ -56,7 +58,13 @@ log = logging.getLogger(__name__)
 
 
 class Storage(TopicTable):
-    def __init__(self, objects: ObjectStore, meta: SqliteMetadataStore, wal: WalSettings) -> None:
+    def __init__(
+        self,
+        objects: ObjectStore,
+        meta: SqliteMetadataStore,
+        wal: WalSettings,
+        cluster: ClusterSettings | None = None,
+    ) -> None:
         super().__init__()
         self.objects = objects
         self.meta = meta
@@ -70,25 +78,92 @@ class Storage(TopicTable):
         self.log.commit_attachments = producer_rows  # producer state commits with the data
         self.log.on_durable = self.producers.durable_append  # synchronous: see producers.py
         self.log.on_failed = self.producers.failed_streams
+        # brokers sharing the metadata database (a cluster of one leads everything): the
+        # partitions served are the ones this broker leads; every change to them is guarded
+        self.cluster = ClusterNode(meta, cluster or ClusterSettings())
+        self.log.guards = self.cluster.guards
         self._topic_lock = asyncio.Lock()
 
     async def open(self) -> None:
         await self.kafka.open()
         self.cluster_id = await self.meta.cluster_id()
-        state = await self.kafka.load()
-        for t in state.topics:
-            self._add_topic(t)
-        for p in state.partitions:  # in partition order
-            topic = self.topics.get(p.topic)
-            if topic is not None and p.partition == len(topic.streams):
-                topic.streams.append(p.stream_id)
-        await self.log.open(state.streams, state.chunks)
-        self.producers.load(state.producers)
+        await self.log.open((), ())  # streams are loaded as this broker comes to lead them
+        await self.cluster.register()
+        await self._sync()
+        self.cluster.start(self._sync)
 
     async def close(self) -> None:
-        await self.log.close()
+        await self.log.close()  # flushes what is pending (still guarded by our epochs)
+        await self.cluster.stop()  # hands our partitions over to the other brokers
         await self.kafka.close()
         await self.objects.close()
+
+    # -- the cluster -----------------------------------------------------------------------
+    async def _sync(self) -> None:
+        async with self._topic_lock:
+            await self._sync_locked()
+
+    async def _sync_locked(self) -> None:
+        """A heartbeat, then topics as the database has them, and the partitions this broker
+        leads: newly led ones loaded from the store before they are served, lost ones
+        dropped (their pending appends fail with NOT_LEADER_OR_FOLLOWER)."""
+        snap = await self.cluster.heartbeat()
+        self._sync_topics(snap)
+        held = self.cluster.held
+        me = self.cluster.node_id
+        want = {} if not snap.registered else {
+            sid: lead.epoch for sid, lead in snap.view.leaders.items() if lead.node_id == me}
+        for sid in [s for s, e in held.items() if want.get(s) != e]:
+            del held[sid]
+            self.log.drop_stream(sid)
+            self.producers.drop_stream(sid)
+        take = sorted(s for s in want if s not in held)
+        if not take:
+            return
+        state = await self.kafka.load_streams(take)
+        self.log.load_streams(state.streams, state.chunks, state.object_keys)
+        for sid in take:
+            self.producers.drop_stream(sid)
+        self.producers.load(state.producers)
+        for s in state.streams:
+            held[s.stream_id] = want[s.stream_id]
+        log.info("broker %d leads %d partitions (took %d)", me, len(held), len(state.streams))
+
+    def _sync_topics(self, snap: Snapshot) -> None:
+        """Topics, configs and partitions as the database has them (any broker may change
+        them)."""
+        rows = {r.name: r for r in snap.topics}
+        for name in [n for n, t in self.topics.items()
+                     if n not in rows or rows[n].topic_id != t.topic_id]:
+            t = self.topics.pop(name)
+            self.topics_by_id.pop(t.topic_id, None)
+        parts: dict[str, list[PartitionRow]] = {}
+        for p in snap.partitions:
+            parts.setdefault(p.topic, []).append(p)
+        for name, row in rows.items():
+            t = self.topics.get(name) or self._add_topic(row)
+            if t.configs != row.configs:
+                t.configs = row.configs
+            for p in parts.get(name, []):  # in partition order
+                if p.partition == len(t.streams):
+                    t.streams.append(p.stream_id)
+
+    def cluster_view(self) -> ClusterView | None:
+        return self.cluster.view
+
+    async def advertise(self, host: str, port: int) -> None:
+        """The address clients reach this broker at (Metadata of every broker lists it)."""
+        await self.cluster.advertise(host, port)
+        await self._sync()
+
+    def _served(self, topic: str, partition: int) -> int:
+        """The partition's stream id if this broker serves it, else NOT_LEADER_OR_FOLLOWER
+        (UNKNOWN_TOPIC_OR_PARTITION if there is no such partition)."""
+        sid = self.stream_id(topic, partition)
+        if not self.cluster.serves(sid):
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"broker {self.cluster.node_id} does not lead {topic}-{partition}")
+        return sid
 
     def _add_topic(self, row: TopicRow) -> Topic:
         t = Topic(row.name, row.topic_id, dict(row.configs), defaults=self.topic_defaults)
@@ -109,10 +184,17 @@ class Storage(TopicTable):
                     raise KafkaError(ErrorCode.request_timed_out, str(e)) from None
                 raise KafkaError(ErrorCode.topic_already_exists, str(e)) from None
             t = self._add_topic(row)
-            for s in streams:
-                self.log.add_stream(s)
-                t.streams.append(s.stream_id)
+            t.streams.extend(s.stream_id for s in streams)
+            await self._sync_quietly()  # the controller places the partitions
             return t
+
+    async def _sync_quietly(self) -> None:
+        """A heartbeat after a topic change (so that new partitions get a leader now); a
+        failure is only logged: the change is made, the next heartbeat places them."""
+        try:
+            await self._sync_locked()
+        except Exception as e:
+            log.warning("heartbeat after a topic change failed: %r", e)
 
     async def delete_topic(self, name: str) -> None:
         async with self._topic_lock:
@@ -121,6 +203,7 @@ class Storage(TopicTable):
             del self.topics[name]
             self.topics_by_id.pop(t.topic_id, None)
             for sid in t.streams:
+                self.cluster.held.pop(sid, None)
                 self.log.drop_stream(sid)
                 self.producers.drop_stream(sid)
 
@@ -135,8 +218,8 @@ class Storage(TopicTable):
             if validate_only:
                 return
             for s in await self.kafka.add_partitions(name, len(t.streams), total - len(t.streams)):
-                self.log.add_stream(s)
                 t.streams.append(s.stream_id)
+            await self._sync_quietly()
 
     async def set_topic_configs(
         self, name: str, configs: dict[str, str], validate_only: bool
@@ -155,7 +238,7 @@ class Storage(TopicTable):
         """Validate and append a produced record set; synchronous up to the durability wait,
         so that calls made in order get offsets in that order."""
         t = self.topic(topic)
-        sid = self.stream_id(topic, partition)
+        sid = self._served(topic, partition)
         if not data:
             raise KafkaError(ErrorCode.corrupt_message, "empty record set")
         data, headers = recordpolicy.apply(data, t.config)
@@ -201,6 +284,8 @@ class Storage(TopicTable):
                 )
             elif isinstance(exc, UnknownStreamError):
                 result.set_exception(KafkaError(ErrorCode.unknown_topic_or_partition))
+            elif isinstance(exc, StreamFencedError):
+                result.set_exception(KafkaError(ErrorCode.not_leader_or_follower, str(exc)))
             elif isinstance(exc, StreamWriteError):
                 result.set_exception(KafkaError(ErrorCode.kafka_storage_error, str(exc)))
             else:
@@ -251,7 +336,7 @@ class Storage(TopicTable):
     # -- offsets and reads -----------------------------------------------------------------
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, high watermark)."""
-        st = self.log.stream(self.stream_id(topic, partition))
+        st = self.log.stream(self._served(topic, partition))
         return st.start_offset, st.end_offset
 
     async def read(
@@ -262,7 +347,7 @@ class Storage(TopicTable):
         What is served is checked (see `serve_batches`); a read that raced a chunk swap is made
         again from a fresh snapshot, and answered KAFKA_STORAGE_ERROR (retriable) if it keeps
         racing: a gap is never served."""
-        sid = self.stream_id(topic, partition)
+        sid = self._served(topic, partition)
         for attempt in range(1, READ_ATTEMPTS + 1):
             st = self.log.stream(sid)
             if offset < st.start_offset or offset > st.end_offset:
@@ -275,6 +360,8 @@ class Storage(TopicTable):
                 return serve_batches(chunks, offset, max_bytes, must_return_one)
             except OffsetOutOfRangeError as e:  # retention moved the log start meanwhile
                 raise KafkaError(ErrorCode.offset_out_of_range, str(e)) from None
+            except UnknownStreamError:  # the partition moved to another broker meanwhile
+                raise KafkaError(ErrorCode.not_leader_or_follower) from None
             except ReadRaceError as e:
                 if attempt == READ_ATTEMPTS:
                     log.error("read of %s-%d at %d: %s", topic, partition, offset, e)
@@ -287,7 +374,7 @@ class Storage(TopicTable):
         """(offset, timestamp) of the first record with timestamp >= `timestamp`; for -3 the
         record with the largest timestamp. None when there is none. Looks at a snapshot of the
         chunk list, and again at a fresh one if a chunk's object was deleted meanwhile."""
-        sid = self.stream_id(topic, partition)
+        sid = self._served(topic, partition)
         for attempt in range(1, READ_ATTEMPTS + 1):
             try:
                 return await self._offset_for_time(sid, timestamp)
@@ -325,11 +412,12 @@ class Storage(TopicTable):
         return found
 
     def commit_time(self, topic: str, partition: int, offset: int) -> float | None:
-        return self.log.stream(self.stream_id(topic, partition)).commit_time(offset)
+        st = self.log.streams.get(self.stream_id(topic, partition))
+        return None if st is None else st.commit_time(offset)
 
     # -- log start: DeleteRecords and retention --------------------------------------------
     async def delete_records(self, topic: str, partition: int, offset: int) -> int:
-        sid = self.stream_id(topic, partition)
+        sid = self._served(topic, partition)
         st = self.log.stream(sid)
         start, end = st.start_offset, st.end_offset
         target = end if offset == -1 else offset

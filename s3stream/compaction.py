@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from s3stream import walformat
 from s3stream.log import LogStore
-from s3stream.metadata import ChunkRow, ObjectRow
+from s3stream.metadata import ChunkRow, CommitInDoubtError, MetadataError, ObjectRow
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,13 @@ class Compactor:
         now = int(time.time() * 1000)
         chosen = choose_wal_objects(await meta.objects("wal"), now, self.settings)
         if chosen:
-            chunks = await meta.chunks_of_objects([o.object_id for o in chosen])
-            plan = plan_compaction(chosen, chunks, self.settings)
+            # only the streams this store serves (with several writers on one metadata
+            # database, each compacts its own; the swap is guarded by `store.guards`)
+            chunks = [c for c in await meta.chunks_of_objects([o.object_id for o in chosen])
+                      if c.stream_id in self.store.streams]
+            mine = {c.object_id for c in chunks}
+            plan = plan_compaction([o for o in chosen if o.object_id in mine], chunks,
+                                   self.settings)
             await self._execute(plan, stats)
         await self._collect_garbage(stats)
         return stats
@@ -182,7 +187,16 @@ class Compactor:
             )
             old_chunks.extend(sp.chunks)
             stats.bytes += sum(e.length for e in entries)
-        await meta.replace_chunks(new_objects, new_chunks, old_chunks)
+        guards = self.store.guards_for({c.stream_id for c in old_chunks})
+        try:
+            await meta.replace_chunks(new_objects, new_chunks, old_chunks, guards)
+        except MetadataError as e:
+            # refused (e.g. a stream changed leader): nobody referenced the new objects. In
+            # doubt: the store undoes the swap later and the garbage collection takes them.
+            if not isinstance(e, CommitInDoubtError):
+                for o in new_objects:
+                    await self.store.objects.delete(o.key)
+            raise
         self.store.replace_chunks(new_chunks, old_chunks, {o.object_id: o.key for o in new_objects})
         stats.wal_objects += len(plan.wal_objects)
         stats.stream_objects += len(new_objects)
@@ -194,7 +208,9 @@ class Compactor:
         )
 
     async def _collect_garbage(self, stats: CompactionStats) -> None:
-        """Delete objects that no chunk has referred to for at least the GC delay."""
+        """Delete objects that no chunk has referred to for at least the GC delay. Decided
+        from the metadata alone (any writer's chunks count), so writers sharing one database
+        may all run it: an object is deleted only once no stream references it."""
         meta = self.store.meta
         now = time.monotonic()
         garbage = await meta.unreferenced_objects(int(time.time() * 1000))

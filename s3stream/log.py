@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, Stream, UnknownStreamError, wake_readers
@@ -33,7 +33,14 @@ from s3stream.reader import (
     check_contiguous,
 )
 from s3stream.stats import LogStats
-from s3stream.wal import Carried, ProducerBatch, StreamWriteError, WalMixin, WalSettings
+from s3stream.wal import (
+    Carried,
+    ProducerBatch,
+    StreamFencedError,
+    StreamWriteError,
+    WalMixin,
+    WalSettings,
+)
 
 __all__ = [  # the names others import from here
     "READ_ATTEMPTS",
@@ -46,6 +53,7 @@ __all__ = [  # the names others import from here
     "ProducerBatch",
     "ReadRaceError",
     "Stream",
+    "StreamFencedError",
     "StreamWriteError",
     "UnknownStreamError",
     "WalSettings",
@@ -75,6 +83,9 @@ class LogStore(WalMixin, ReaderMixin):
         self.on_failed: Callable[[set[int]], None] | None = None
         self.commit_attachments: Callable[[list[Carried]], Sequence[CommitAttachment]] | None
         self.commit_attachments = None  # what a flush's commit carries besides the chunks
+        # guards of every change to given streams (WAL commits, compaction, retention), e.g.
+        # that this writer still leads them; None: changes are not guarded
+        self.guards: Callable[[Collection[int]], Sequence[CommitAttachment]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self, streams: Iterable[StreamRow], chunks: Iterable[ChunkRow]) -> None:
@@ -92,6 +103,21 @@ class LogStore(WalMixin, ReaderMixin):
         if self._flusher is not None:
             await self._flusher
 
+    def load_streams(
+        self, streams: Iterable[StreamRow], chunks: Iterable[ChunkRow], keys: dict[int, str]
+    ) -> None:
+        """Start serving streams read from the metadata store (another writer may have written
+        them before): their rows, their chunks in offset order, their chunks' object keys.
+        A stream already served is replaced (a new `Stream`: appends to the old one fail)."""
+        for s in streams:
+            self.drop_stream(s.stream_id)
+            self.add_stream(s)
+        self._object_keys.update(keys)
+        self._load_chunks(chunks)
+
+    def guards_for(self, stream_ids: Collection[int]) -> Sequence[CommitAttachment]:
+        return self.guards(stream_ids) if self.guards is not None else ()
+
     def add_stream(self, s: StreamRow) -> Stream:
         st = Stream(s.stream_id, s.start_offset, s.end_offset, s.end_offset)
         self.streams[s.stream_id] = st
@@ -100,6 +126,8 @@ class LogStore(WalMixin, ReaderMixin):
     def drop_stream(self, stream_id: int) -> None:
         st = self.streams.pop(stream_id, None)
         if st is not None:
+            for c in st.chunks:
+                self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
             wake_readers(st)
 
     # -- objects and retention -------------------------------------------------------------
@@ -112,7 +140,8 @@ class LogStore(WalMixin, ReaderMixin):
     async def truncate(self, stream_id: int, start_offset: int) -> int:
         """Move the stream's log start offset forward (durably); drop chunks wholly below."""
         st = self.stream(stream_id)
-        start = await self.meta.truncate(stream_id, min(start_offset, st.end_offset))
+        start = await self.meta.truncate(stream_id, min(start_offset, st.end_offset),
+                                         self.guards_for([stream_id]))
         st.start_offset = max(st.start_offset, start)
         self._drop_chunks_below(st, st.start_offset)
         return st.start_offset

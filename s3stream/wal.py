@@ -19,13 +19,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from s3stream import walformat
 from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, IndexMixin, Stream, UnknownStreamError, wake_readers
-from s3stream.metadata import ChunkRow, CommitAttachment, SqliteMetadataStore
+from s3stream.metadata import (
+    ChunkRow,
+    CommitAttachment,
+    SqliteMetadataStore,
+    StreamsFencedError,
+)
 from s3stream.objectstore import ObjectStore
 from s3stream.stats import LogStats
 
@@ -34,6 +39,12 @@ log = logging.getLogger("s3stream.log")  # the name operators' log filters know
 
 class StreamWriteError(Exception):
     """The append was not made durable; the caller may retry (Kafka: a retriable error)."""
+
+
+class StreamFencedError(StreamWriteError):
+    """The append was not made durable because this writer no longer owns the stream (a
+    commit guard refused it, or the stream was dropped or taken again since the append):
+    the caller should find the stream's new owner (Kafka: NOT_LEADER_OR_FOLLOWER)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,9 @@ class WalMixin(IndexMixin):
     # (stream id, what the append carried, base offset, last offset) of a flush's appends
     # that carried something -> what the layer above adds to the flush's commit_object
     commit_attachments: Callable[[list[Carried]], Sequence[CommitAttachment]] | None
+    # guards of a change to these streams (WAL commit, compaction, retention): e.g. that the
+    # writer still leads them (see CommitAttachment); taken when the flush starts
+    guards: Callable[[Collection[int]], Sequence[CommitAttachment]] | None
 
     def _init_wal(self) -> None:
         self._pending: list[_Pending] = []
@@ -160,7 +174,8 @@ class WalMixin(IndexMixin):
                 self.stats.wal_flush_bytes.observe(nbytes)
 
     def _fail(self, batch: list[_Pending], err: Exception) -> None:
-        """Fail the batch and every later pending append of the same streams; rewind them."""
+        """Fail the batch and every later pending append of the same streams; rewind them
+        (with StreamFencedError when `err` is one: the stream is no longer this writer's)."""
         streams = {p.stream.stream_id for p in batch}
         later = [p for p in self._pending if p.stream.stream_id in streams]
         self._pending = [p for p in self._pending if p.stream.stream_id not in streams]
@@ -169,9 +184,11 @@ class WalMixin(IndexMixin):
             p.stream.next_offset = p.stream.end_offset
         if self.on_failed is not None:  # before any future resolves: no stale window
             self.on_failed(streams)
+        fenced = isinstance(err, StreamFencedError | StreamsFencedError)
         for p in batch + later:
             if not p.future.done():
-                p.future.set_exception(StreamWriteError(f"not made durable: {err!r}"))
+                cls = StreamFencedError if fenced else StreamWriteError
+                p.future.set_exception(cls(f"not made durable: {err!r}"))
 
     async def _object_id(self) -> int:
         if not self._ids:
@@ -180,6 +197,26 @@ class WalMixin(IndexMixin):
         return self._ids.pop()
 
     async def _flush(self, batch: list[_Pending]) -> None:
+        # appends to a stream dropped (or dropped and taken again) since: not this era's
+        stale = [p for p in batch if self.streams.get(p.stream.stream_id) is not p.stream]
+        if stale:
+            self._fail(stale, StreamFencedError("the stream changed owner"))
+            batch = [p for p in batch if self.streams.get(p.stream.stream_id) is p.stream]
+            if not batch:
+                return
+        guards = self.guards({p.stream.stream_id for p in batch}) if self.guards else ()
+        try:
+            await self._flush_guarded(batch, guards)
+        except StreamsFencedError as e:  # commit the others' appends; fail the fenced ones
+            log.warning("WAL commit refused for streams %s: %s", sorted(e.stream_ids), e)
+            self._fail([p for p in batch if p.stream.stream_id in e.stream_ids], e)
+            rest = [p for p in batch if p.stream.stream_id not in e.stream_ids]
+            if rest:
+                await self._flush_guarded(rest, guards)
+
+    async def _flush_guarded(
+        self, batch: list[_Pending], guards: Sequence[CommitAttachment]
+    ) -> None:
         groups: dict[int, list[_Pending]] = {}
         for p in batch:
             groups.setdefault(p.stream.stream_id, []).append(p)
@@ -209,6 +246,7 @@ class WalMixin(IndexMixin):
             if p.producer is not None
         ]
         attachments = self.commit_attachments(carried) if self.commit_attachments else ()
+        attachments = [*attachments, *guards]
         live = await self.meta.commit_object(object_id, key, len(blob), rows, attachments)
         self._object_keys[object_id] = key
         self.flushes += 1

@@ -25,6 +25,21 @@ _DEFS = [
     ConfigDef("advertised", "string", None, "HOST:PORT clients are told (default: listen)"),
     ConfigDef("data.dir", "string", "./floe-data", "local directory (caches, defaults)"),
     ConfigDef("node.id", "int", "0", check=nonneg),
+    ConfigDef("broker.rack", "string", None, "rack (zone) of this broker, shown in Metadata"),
+    ConfigDef(
+        "broker.heartbeat.interval.ms",
+        "int",
+        "500",
+        "how often a broker renews its lease and follows leader changes",
+        positive,
+    ),
+    ConfigDef(
+        "broker.session.timeout.ms",
+        "int",
+        "3000",
+        "a broker whose lease was not renewed for this long is dead; its partitions move",
+        positive,
+    ),
     ConfigDef("object.store", "string", None, "URL; default file://<data-dir>/objects"),
     ConfigDef("metadata", "string", None, "URL; default sqlite:///<data-dir>/meta.db"),
     ConfigDef(
@@ -142,6 +157,9 @@ class Settings:
     advertised: HostPort | None
     data_dir: Path
     node_id: int
+    broker_rack: str | None
+    broker_heartbeat_interval_ms: int
+    broker_session_timeout_ms: int
     object_store: str | None
     metadata: str | None
     catalog: str | None

@@ -1,4 +1,7 @@
-"""Metadata (3) and DescribeCluster (60): one broker that leads every partition."""
+"""Metadata (3) and DescribeCluster (60): the live brokers and each partition's leader and
+leader epoch (broker.cluster, through the engine's `cluster_view`; an engine without one: this
+broker leads every partition). A partition whose leader is not live answers
+LEADER_NOT_AVAILABLE with leader -1 (clients ask again)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from kio.schema.metadata.v10.request import MetadataRequestTopic as MetadataTopi
 from kio.schema.metadata.v11.request import MetadataRequestTopic as MetadataTopicV11
 from kio.schema.metadata.v12.request import MetadataRequestTopic as MetadataTopicV12
 
+from broker.cluster.model import NO_LEADER, BrokerInfo, ClusterView
 from broker.engine import Topic, check_topic_name
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.apitypes import (
@@ -29,32 +33,56 @@ from broker.protocol.codec import RequestHead
 AUTHORIZED_OPS_OMITTED = -(2**31)
 
 
-def _partitions(ctx: BrokerContext, head: RequestHead, topic: Topic) -> tuple[Entity, ...]:
+def _brokers(ctx: BrokerContext, view: ClusterView | None) -> list[BrokerInfo]:
+    """The live brokers, this one with the address it answers on."""
+    me = BrokerInfo(ctx.node_id, ctx.host, ctx.port, None)
+    others = [] if view is None else [b for b in view.brokers if b.node_id != ctx.node_id]
+    return sorted([me, *others], key=lambda b: b.node_id)
+
+
+def _leader(ctx: BrokerContext, view: ClusterView | None, live: set[int], sid: int
+            ) -> tuple[int, int]:
+    """(leader node id or NO_LEADER when it is not live, leader epoch)."""
+    if view is None:
+        return ctx.node_id, 0
+    lead = view.leaders.get(sid)
+    if lead is None:
+        return NO_LEADER, 0
+    return (lead.node_id if lead.node_id in live else NO_LEADER), lead.epoch
+
+
+def _partitions(
+    ctx: BrokerContext, head: RequestHead, topic: Topic, view: ClusterView | None,
+    live: set[int],
+) -> tuple[Entity, ...]:
     part = nested(head, "MetadataResponsePartition")
-    node = ctx.node_id
-    return tuple(
-        build(
+    out = []
+    for i, sid in enumerate(topic.streams):
+        node, epoch = _leader(ctx, view, live, sid)
+        nodes = (node,) if node != NO_LEADER else ()
+        out.append(build(
             part,
-            error_code=ErrorCode.none,
+            error_code=ErrorCode.none if nodes else ErrorCode.leader_not_available,
             partition_index=i,
             leader_id=node,
-            leader_epoch=0,
-            replica_nodes=(node,),
-            isr_nodes=(node,),
+            leader_epoch=epoch,
+            replica_nodes=nodes,
+            isr_nodes=nodes,
             offline_replicas=(),
-        )
-        for i in range(len(topic.streams))
-    )
+        ))
+    return tuple(out)
 
 
 def _topic(ctx: BrokerContext, head: RequestHead, topic: Topic) -> Entity:
+    view = ctx.storage.cluster_view()
+    live = {b.node_id for b in _brokers(ctx, view)}
     return build(
         nested(head, "MetadataResponseTopic"),
         error_code=ErrorCode.none,
         name=topic.name,
         topic_id=topic.topic_id,
         is_internal=False,
-        partitions=_partitions(ctx, head, topic),
+        partitions=_partitions(ctx, head, topic, view, live),
         topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
     )
 
@@ -115,19 +143,18 @@ async def metadata(
                 topics.append(_error_topic(head, name, ErrorCode.unknown_topic_or_partition))
             else:
                 topics.append(_topic(ctx, head, t))
-    broker = build(
-        nested(head, "MetadataResponseBroker"),
-        node_id=ctx.node_id,
-        host=ctx.host,
-        port=ctx.port,
-        rack=None,
+    view = storage.cluster_view()
+    brokers = tuple(
+        build(nested(head, "MetadataResponseBroker"), node_id=b.node_id, host=b.host,
+              port=b.port, rack=b.rack)
+        for b in _brokers(ctx, view)
     )
     return build(
         resp(head, METADATA),
         throttle_time=ZERO_MS,
-        brokers=(broker,),
+        brokers=brokers,
         cluster_id=storage.cluster_id,
-        controller_id=ctx.node_id,
+        controller_id=ctx.node_id if view is None else view.controller,
         topics=tuple(topics),
         cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
     )
@@ -149,12 +176,11 @@ async def describe_cluster(
             brokers=(),
             cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
         )
-    broker = build(
-        nested(head, "DescribeClusterBroker"),
-        broker_id=ctx.node_id,
-        host=ctx.host,
-        port=ctx.port,
-        rack=None,
+    view = ctx.storage.cluster_view()
+    brokers = tuple(
+        build(nested(head, "DescribeClusterBroker"), broker_id=b.node_id, host=b.host,
+              port=b.port, rack=b.rack)
+        for b in _brokers(ctx, view)
     )
     return build(
         resp(head, DESCRIBE_CLUSTER),
@@ -163,7 +189,7 @@ async def describe_cluster(
         error_message=None,
         endpoint_type=1,
         cluster_id=ctx.storage.cluster_id,
-        controller_id=ctx.node_id,
-        brokers=(broker,),
+        controller_id=ctx.node_id if view is None else view.controller,
+        brokers=brokers,
         cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
     )

@@ -20,7 +20,7 @@ from broker.metadata.model import (
 )
 from broker.metadata.producers import ProducerRows, producer_rows
 from broker.metadata.schema import COMPONENT
-from broker.metadata.store import KafkaMetadata, KafkaState
+from broker.metadata.store import KafkaMetadata, KafkaState, StreamsState
 
 __all__ = [
     "COMPONENT",
@@ -31,6 +31,7 @@ __all__ = [
     "PartitionRow",
     "ProducerBatchRow",
     "ProducerRows",
+    "StreamsState",
     "TopicRow",
     "producer_rows",
 ]

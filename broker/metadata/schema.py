@@ -7,7 +7,9 @@
   written in the WAL commit's own transaction (broker.metadata.producers);
 - `kafka_group_offsets(group_id, topic, partition, committed_offset, leader_epoch, metadata,
   commit_ms)`;
-- `kafka_meta(key, value)`: `next_producer_id`.
+- `kafka_meta(key, value)`: `next_producer_id`, `controller`;
+- `kafka_brokers(node_id, host, port, rack, incarnation, lease_expires_ms)` and the
+  partitions' `leader`, `leader_epoch` (migration 2; see broker.cluster).
 
 Migration 1 creates them and moves in what s3stream's tables held before s3stream's migration 3
 (`topics`, the hand-over `legacy_stream_partitions`, `producer_batches`, `group_offsets`,
@@ -67,4 +69,19 @@ def _create_and_move(db: Connection, dialect: Dialect) -> None:
             db.execute("DELETE FROM meta WHERE key='next_producer_id'")
 
 
-COMPONENT = Component("broker.metadata", [_create_and_move])
+# 2: brokers sharing the database (broker.cluster). A partition's leader (node id, -1: none)
+# and leader epoch, bumped on every change of leader; every WAL commit checks them (and the
+# writer's lease) in its own transaction. `kafka_brokers`: one row per registered broker, live
+# while lease_expires_ms (its own clock) is ahead; incarnation names the process (a restarted
+# broker fences its earlier self). kafka_meta['controller'] = 'NODE INCARNATION' of the broker
+# that assigns leaders (valid while that broker's lease is).
+CLUSTER = """
+ALTER TABLE kafka_partitions ADD COLUMN leader {int} NOT NULL DEFAULT -1;
+ALTER TABLE kafka_partitions ADD COLUMN leader_epoch {int} NOT NULL DEFAULT 0;
+CREATE TABLE kafka_brokers(
+    node_id {int} PRIMARY KEY, host TEXT NOT NULL, port {int} NOT NULL, rack TEXT,
+    incarnation TEXT NOT NULL, lease_expires_ms {int} NOT NULL);
+INSERT INTO kafka_meta(key, value) VALUES ('controller', '')
+"""
+
+COMPONENT = Component("broker.metadata", [_create_and_move, sql_migration(CLUSTER)])

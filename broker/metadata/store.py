@@ -19,6 +19,7 @@ from broker.metadata.model import PartitionRow, ProducerBatchRow, TopicRow
 from broker.metadata.offsets import GroupOffsetsMixin
 from broker.metadata.schema import COMPONENT
 from s3stream.metadata import ChunkRow, MetadataError, MetadataStore, StreamRow
+from s3stream.metadata.base import marks
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,16 @@ class KafkaState:
     partitions: list[PartitionRow]
     streams: list[StreamRow]
     chunks: list[ChunkRow]
+    producers: list[ProducerBatchRow]
+
+
+@dataclass(frozen=True)
+class StreamsState:
+    """What a broker taking over some partitions loads, read in one snapshot."""
+
+    streams: list[StreamRow]
+    chunks: list[ChunkRow]
+    object_keys: dict[int, str]
     producers: list[ProducerBatchRow]
 
 
@@ -63,6 +74,21 @@ class KafkaMetadata(GroupOffsetsMixin):
 
     async def load(self) -> KafkaState:
         return await self.store._run(self._load)
+
+    def _load_streams(self, stream_ids: list[int]) -> StreamsState:
+        with self.store._txn(read_only=True) as db:
+            streams, chunks, keys = self.store._read_streams(db, stream_ids)
+            producers = [ProducerBatchRow(*r) for r in db.execute(
+                "SELECT stream_id, producer_id, epoch, first_seq, last_seq, base_offset,"
+                " last_offset FROM kafka_producer_batches WHERE stream_id IN"
+                f" ({marks(len(stream_ids))}) ORDER BY stream_id, producer_id, base_offset",
+                stream_ids)]
+        return StreamsState(streams, chunks, keys, producers)
+
+    async def load_streams(self, stream_ids: list[int]) -> StreamsState:
+        """What serving these partitions needs, read in one snapshot: their streams (end
+        offsets), chunks and the chunks' object keys, and producer state."""
+        return await self.store._run(self._load_streams, stream_ids)
 
     # -- topics ----------------------------------------------------------------------------
     def _create_topic(

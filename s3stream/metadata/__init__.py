@@ -25,6 +25,7 @@ from s3stream.metadata.model import (
     ObjectRow,
     OffsetConflictError,
     StreamRow,
+    StreamsFencedError,
     TransactionRetryError,
 )
 from s3stream.metadata.store import MetadataStore
@@ -45,6 +46,7 @@ __all__ = [
     "SchemaTooNewError",
     "SqliteMetadataStore",
     "StreamRow",
+    "StreamsFencedError",
     "TransactionRetryError",
     "open_metadata_store",
     "redact_url",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from s3stream.metadata.base import StoreBase, marks
-from s3stream.metadata.model import ChunkRow, MetadataError, ObjectRow
+from s3stream.metadata.model import ChunkRow, CommitAttachment, MetadataError, ObjectRow
 
 _INSERT_CHUNK = "INSERT INTO chunks VALUES (?,?,?,?,?,?,?)"
 _DELETE_CHUNK = "DELETE FROM chunks WHERE stream_id=? AND base_offset=? AND object_id=?"
@@ -35,10 +36,12 @@ class LogMaintenanceMixin(StoreBase):
         return await self._run(self._chunks_of_objects, object_ids)
 
     def _replace_chunks(self, new_objects: list[ObjectRow], new_chunks: list[ChunkRow],
-                        old_chunks: list[ChunkRow]) -> int:
+                        old_chunks: list[ChunkRow], guards: Sequence[CommitAttachment]) -> int:
         undo = functools.partial(self._undo_replace, new_chunks, old_chunks)
         with self._txn(undo) as db:
-            self._lock_streams(db, [c.stream_id for c in old_chunks + new_chunks])
+            live = self._lock_streams(db, [c.stream_id for c in old_chunks + new_chunks])
+            for g in guards:  # e.g. the writer still leads these streams
+                g.apply(db, set(live))
             removed = 0
             for c in old_chunks:
                 removed += db.execute(_DELETE_CHUNK, (c.stream_id, c.base_offset,
@@ -66,25 +69,32 @@ class LogMaintenanceMixin(StoreBase):
             db.executemany(_INSERT_CHUNK, [_chunk_values(c) for c in old_chunks])
 
     async def replace_chunks(self, new_objects: list[ObjectRow], new_chunks: list[ChunkRow],
-                             old_chunks: list[ChunkRow]) -> None:
+                             old_chunks: list[ChunkRow],
+                             guards: Sequence[CommitAttachment] = ()) -> None:
         """Swap chunks for their copies in new objects, in one transaction (compaction).
-        If it fails with CommitInDoubtError the old chunks are what the index keeps."""
-        await self._run(self._replace_chunks, new_objects, new_chunks, old_chunks)
+        If it fails with CommitInDoubtError the old chunks are what the index keeps.
+        `guards` are checked in the transaction (their `apply` with the live streams
+        touched); one that raises refuses the swap."""
+        await self._run(self._replace_chunks, new_objects, new_chunks, old_chunks, guards)
 
-    def _truncate(self, stream_id: int, start_offset: int) -> int:
+    def _truncate(self, stream_id: int, start_offset: int,
+                  guards: Sequence[CommitAttachment]) -> int:
         with self._txn() as db:
             (current,) = db.execute("SELECT start_offset FROM streams WHERE stream_id=?"
                                     f"{self.for_update}", (stream_id,)).fetchone()
+            for g in guards:
+                g.apply(db, {stream_id})
             start = max(current, start_offset)
             db.execute("UPDATE streams SET start_offset=? WHERE stream_id=?", (start, stream_id))
             db.execute("DELETE FROM chunks WHERE stream_id=? AND last_offset < ?",
                        (stream_id, start))
         return int(start)
 
-    async def truncate(self, stream_id: int, start_offset: int) -> int:
+    async def truncate(self, stream_id: int, start_offset: int,
+                       guards: Sequence[CommitAttachment] = ()) -> int:
         """Move a stream's log start offset forward (never back); drop chunks wholly below
-        it. Returns the new start offset."""
-        return await self._run(self._truncate, stream_id, start_offset)
+        it. Returns the new start offset. `guards` as for replace_chunks."""
+        return await self._run(self._truncate, stream_id, start_offset, guards)
 
     def _unreferenced(self, older_than_ms: int) -> list[ObjectRow]:
         return [ObjectRow(*r) for r in self.db.execute(

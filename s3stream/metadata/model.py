@@ -20,6 +20,16 @@ class OffsetConflictError(MetadataError):
     """A commit's base offset is not the stream's end offset: someone else wrote, or a retry."""
 
 
+class StreamsFencedError(MetadataError):
+    """A guard (see CommitAttachment) refused a commit because the writer no longer owns some
+    of its streams (another writer took them, e.g. a new partition leader): nothing was
+    written. `stream_ids` are the streams refused; a commit of the others may be made again."""
+
+    def __init__(self, stream_ids: set[int], message: str) -> None:
+        super().__init__(message)
+        self.stream_ids = frozenset(stream_ids)
+
+
 class MetadataUnavailableError(MetadataError):
     """The database connection was lost or could not be made; the call did not take effect.
     The store reconnects on its next call."""

@@ -55,6 +55,26 @@ class MetadataStore(LogMaintenanceMixin):
             " ORDER BY c.stream_id, c.base_offset")]
         return streams, chunks
 
+    def _read_streams(
+        self, db: Connection, stream_ids: Sequence[int]
+    ) -> tuple[list[StreamRow], list[ChunkRow], dict[int, str]]:
+        """Some live streams, their chunks (from the start offset, in offset order) and their
+        chunks' object keys (inside a read transaction: one snapshot)."""
+        ids = sorted(set(stream_ids))
+        inside = f"IN ({marks(len(ids))})"
+        streams = [StreamRow(*r) for r in db.execute(
+            "SELECT stream_id, start_offset, end_offset FROM streams WHERE deleted = 0"
+            f" AND stream_id {inside} ORDER BY stream_id", ids)]
+        chunks = [ChunkRow(*r) for r in db.execute(
+            "SELECT c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position,"
+            " c.length, c.max_timestamp FROM chunks c JOIN streams s USING (stream_id)"
+            f" WHERE s.deleted = 0 AND c.last_offset >= s.start_offset AND c.stream_id {inside}"
+            " ORDER BY c.stream_id, c.base_offset", ids)]
+        keys = dict(db.execute(
+            "SELECT object_id, key FROM objects WHERE object_id IN (SELECT object_id FROM"
+            f" chunks WHERE stream_id {inside})", ids).fetchall())
+        return streams, chunks, keys
+
     def _load(self) -> tuple[list[StreamRow], list[ChunkRow]]:
         with self._txn(read_only=True) as db:  # one snapshot: chunks match their streams
             return self._read_log(db)

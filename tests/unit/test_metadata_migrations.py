@@ -147,15 +147,16 @@ async def test_a_database_from_before_versions_is_recorded_as_version_1_and_migr
         await k.close()
     after = await in_store(url, kafka_dump)
     assert after["meta"] == [("cluster_id", "oldcluster"), ("next_object_id", "8")]
-    assert after["kafka_meta"] == [("next_producer_id", "1001")]
+    assert after["kafka_meta"] == [("controller", ""), ("next_producer_id", "1001")]
     assert after["streams"] == [(1, 0, 3, 0, 0)]  # stream_id, start, end, epoch, deleted
     for gone in ["topics", "producer_batches", "group_offsets", "legacy_stream_partitions"]:
         assert not await in_store(url, lambda db, d, t=gone: db.execute(
             d.table_exists, (t,)).fetchone()[0]), gone
     # 1 found in place (applied_at 0, not applied by this code), then migrations 2 and 3
     rows = await in_store(url, versions)
-    assert [r[:2] for r in rows] == [("broker.metadata", 1), *STORE_VERSIONS]
-    assert [r[2] > 0 for r in rows] == [True, False, True, True]
+    assert [r[:2] for r in rows] == [("broker.metadata", 1), ("broker.metadata", 2),
+                                     *STORE_VERSIONS]
+    assert [r[2] > 0 for r in rows] == [True, True, False, True, True]
     assert await in_store(url, lambda db, d: has_index(db, d, "chunks_object"))
     # a second open changes nothing
     k = KafkaMetadata(open_metadata_store(url))

@@ -1,0 +1,122 @@
+"""This broker's membership in the cluster: its registration and lease, the heartbeat loop,
+the partitions it serves and at which leader epoch (`held`), and the guards its changes carry.
+
+The heartbeat (every `heartbeat_interval_ms`) is one transaction (broker.cluster.tables):
+renew the lease, take the controller role if nobody alive holds it (and then assign leaders),
+read leaders, brokers and topics. What it read is handed to the storage engine's `sync`, which
+takes the partitions this broker now leads (loading them from the store first) and drops the
+others. `lease_valid` is false once the last renewal is older than the session timeout (a
+broker paused or cut off from the database): the engine then serves nothing until a heartbeat
+renews it (and shows what changed meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import TYPE_CHECKING
+
+from broker.cluster import tables
+from broker.cluster.guard import LeaderGuard
+from broker.cluster.model import ClusterSettings, ClusterView, Snapshot
+
+if TYPE_CHECKING:
+    from s3stream.metadata import MetadataStore
+
+log = logging.getLogger(__name__)
+LEASE_MARGIN_S = 0.2  # stop serving this much before the lease others see runs out
+
+
+class ClusterNode:
+    def __init__(self, store: MetadataStore, settings: ClusterSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.me = tables.Me(settings.node_id, tables.new_incarnation(), settings.rack,
+                            settings.session_timeout_ms)
+        self.held: dict[int, int] = {}  # stream id -> leader epoch, of the partitions served
+        self.view = ClusterView()
+        self._lease_until = 0.0  # monotonic
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def node_id(self) -> int:
+        return self.me.node_id
+
+    def lease_valid(self) -> bool:
+        return time.monotonic() < self._lease_until
+
+    def serves(self, stream_id: int) -> bool:
+        return stream_id in self.held and self.lease_valid()
+
+    async def register(self) -> None:
+        await self.store._run(self._in_txn, tables.register, self.me, _now_ms())
+
+    async def advertise(self, host: str, port: int) -> None:
+        await self.store._run(self._in_txn, tables.advertise, self.me, host, port)
+
+    async def heartbeat(self) -> Snapshot:
+        began = time.monotonic()
+        snap = await self.store._run(self._heartbeat)
+        if not snap.registered:  # another process took our node id: we lead nothing now
+            log.error("broker %d: registered by another process (same node.id); this one"
+                      " serves nothing", self.node_id)
+            self._lease_until = 0.0
+            self.view = snap.view
+            return snap
+        self._lease_until = began + self.settings.session_timeout_ms / 1000 - LEASE_MARGIN_S
+        self.view = snap.view
+        return snap
+
+    def _heartbeat(self) -> Snapshot:
+        with self.store._txn() as db:
+            return tables.heartbeat(db, self.me, _now_ms(), self.store.for_update)
+
+    def _in_txn(self, fn: Callable[..., object], *args: object) -> None:
+        with self.store._txn() as db:
+            fn(db, *args)
+
+    def start(self, sync: Callable[[], Awaitable[None]]) -> None:
+        """Run `sync` (a heartbeat and what follows from it) every heartbeat interval."""
+        self._task = asyncio.create_task(self._run(sync), name="cluster-heartbeat")
+
+    async def _run(self, sync: Callable[[], Awaitable[None]]) -> None:
+        interval = self.settings.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await sync()
+            except Exception as e:
+                log.warning("broker %d heartbeat failed: %r", self.node_id, e)
+
+    async def stop(self) -> None:
+        """Stop heartbeating, then give up partitions, controller role and lease."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.held.clear()
+        try:
+            released = 0
+            with contextlib.suppress(Exception):
+                released = await self.store._run(self._leave)
+            log.info("broker %d left the cluster (%d partitions released)", self.node_id,
+                     released)
+        finally:
+            self._lease_until = 0.0
+
+    def _leave(self) -> int:
+        with self.store._txn() as db:
+            return tables.leave(db, self.me)
+
+    def guards(self, stream_ids: Collection[int]) -> list[LeaderGuard]:
+        """The guard of a change to these streams, with the epochs held now."""
+        return [LeaderGuard(self.me.node_id, self.me.incarnation,
+                            {s: e for s in stream_ids if (e := self.held.get(s)) is not None},
+                            self.store.for_update)]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
