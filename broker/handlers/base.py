@@ -169,12 +169,9 @@ def build(cls: type[T], **values: object) -> T:
     are dropped); a value no served version of the class has a field for raises."""
     own, everywhere = _fields(cls)
     kept = {k: v for k, v in values.items() if k in own}
-    if len(kept) != len(values):
-        unknown = sorted(k for k in values if k not in everywhere)
-        if unknown:
-            raise UnknownFieldError(
-                f"{cls.__name__} has no field {', '.join(unknown)} in any served version"
-            )
+    if len(kept) != len(values) and not values.keys() <= everywhere:
+        unknown = ", ".join(sorted(values.keys() - everywhere))
+        raise UnknownFieldError(f"{cls.__name__} has no field {unknown} in any served version")
     return cls(**kept)
 
 
