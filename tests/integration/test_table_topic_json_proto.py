@@ -3,8 +3,8 @@ confluent-kafka's JSONSerializer / ProtobufSerializer produce through a real bro
 Schema Registry, pyiceberg reads the table. v1 records, then v2 (a new optional field) registered
 mid-stream by the serializer: typed columns, every acked record exactly once, the new column
 null for v1 rows and set for v2 rows, bad records in <topic>.dlq with the reason. Also
-by_latest_schema (bare Protobuf messages read with the subject's latest version) and Avro keys
-as the `_kafka_key` column (convert.key.type=by_schema_id)."""
+by_latest_schema (bare Protobuf messages read with the subject's latest version), and a change
+Iceberg cannot express stopping the partition with errors.tolerance=none."""
 
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ from tests.integration.test_table_topic_avro import (  # noqa: F401 (broker: a f
 with warnings.catch_warnings():  # authlib (imported by the client) warns about httpx
     warnings.simplefilter("ignore")
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-    from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
@@ -250,49 +249,6 @@ def test_by_latest_schema_reads_bare_protobuf(broker: BrokerProcess,  # noqa: F8
     rows, _seen = wait_for(data, "bare", set(acked), 20)
     assert sorted(r["note"] for r in rows) == sorted(f"note-{i}" for i in range(50))
     assert {r["id"] for r in rows} == {2**40 + i for i in range(50)}
-
-
-def test_keys_become_the_kafka_key_column(broker: BrokerProcess,  # noqa: F811
-                                          tmp_path: Path) -> None:
-    """Avro record keys (AvroSerializer, subject <topic>-key) next to JSON Schema values."""
-    data = tmp_path / "data"
-    create_table_topic(broker.bootstrap, "keyed", 2, **{
-        "table.topic.convert.value.type": "by_schema_id",
-        "table.topic.convert.key.type": "by_schema_id",
-        "table.topic.commit.interval.ms": "300"})
-    sr = SchemaRegistryClient({"url": f"http://{registry_address(broker)}"})
-    kser = AvroSerializer(sr, json.dumps({"type": "record", "name": "Key", "fields": [
-        {"name": "tenant", "type": "string"}, {"name": "id", "type": "long"}]}))
-    vser = JSONSerializer(json.dumps(JV1), sr)
-    kctx = SerializationContext("keyed", MessageField.KEY)
-    vctx = SerializationContext("keyed", MessageField.VALUE)
-    p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
-    acked: dict[tuple[int, int], bytes] = {}
-
-    def done(err: Any, m: Any) -> None:
-        if err is None:
-            acked[(m.partition(), m.offset())] = m.value()
-
-    for i in range(40):
-        p.produce("keyed", vser(jevent(i, False), vctx),
-                  key=kser({"tenant": f"t{i % 3}", "id": i}, kctx), on_delivery=done)
-    p.produce("keyed", vser(jevent(99, False), vctx), key=b"not avro", on_delivery=done)
-    assert p.flush(30) == 0 and len(acked) == 41
-    rows: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(rows) < 40:
-        rows = table_rows(data, "keyed")
-        time.sleep(0.1)
-    sr.close()
-    assert len(rows) == 40
-    assert {r["_kafka_key"]["id"]: r["_kafka_key"]["tenant"] for r in rows} == {
-        i: f"t{i % 3}" for i in range(40)}
-    assert all(r["_kafka_key"]["id"] == r["id"] for r in rows)
-    key_type = catalog(data).load_table(("default", "keyed")).schema().find_field(
-        "_kafka_key").field_type
-    assert isinstance(key_type, StructType)
-    dead = dead_letters(broker.bootstrap, "keyed.dlq", 1)
-    assert dict(dead[0].headers())["floe.error.reason"].decode().startswith("key: ")
 
 
 def test_json_schema_change_iceberg_cannot_express_stops_with_tolerance_none(

@@ -1,22 +1,34 @@
-"""table.topic.transform.value.type through a real broker: Debezium change events (schemaless
-JSON, as Debezium's JsonConverter writes them with schemas.enable=false) unwrapped by
-flatten_debezium into the row's columns plus _cdc, the key as _kafka_key, the tombstone after
-a delete in the DLQ; and `none` keeping the whole value in _kafka_value."""
+"""Keys and value transforms through a real broker: Debezium change events (schemaless JSON, as
+Debezium's JsonConverter writes them with schemas.enable=false) unwrapped by flatten_debezium
+into the row's columns plus _cdc, the key as _kafka_key, the tombstone after a delete in the
+DLQ; `none` keeping the whole value in _kafka_value; Avro record keys (AvroSerializer, subject
+<topic>-key, convert.key.type=by_schema_id) as a _kafka_key struct next to JSON Schema
+values."""
 
 from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.types import StructType
 
 from tests.brokerproc import BrokerProcess
+from tests.integration.test_schema_registry import registry_address
 from tests.integration.test_table_topic import catalog, create_table_topic, table_rows
 from tests.integration.test_table_topic_avro import broker, dead_letters  # noqa: F401
+from tests.integration.test_table_topic_json_proto import JV1, jevent
+
+with warnings.catch_warnings():  # authlib (imported by the client) warns about httpx
+    warnings.simplefilter("ignore")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
 pytestmark = pytest.mark.integration
 
@@ -68,3 +80,46 @@ def test_debezium_events_and_whole_values(broker: BrokerProcess,  # noqa: F811
     schema = catalog(data).load_table(("default", "whole")).schema()
     assert isinstance(schema.find_field("_kafka_value").field_type, StructType)
     assert [f.name for f in schema.fields] == ["_kafka", "_kafka_value"]
+
+
+def test_keys_become_the_kafka_key_column(broker: BrokerProcess,  # noqa: F811
+                                          tmp_path: Path) -> None:
+    """Avro record keys (AvroSerializer, subject <topic>-key) next to JSON Schema values."""
+    data = tmp_path / "data"
+    create_table_topic(broker.bootstrap, "keyed", 2, **{
+        "table.topic.convert.value.type": "by_schema_id",
+        "table.topic.convert.key.type": "by_schema_id",
+        "table.topic.commit.interval.ms": "300"})
+    sr = SchemaRegistryClient({"url": f"http://{registry_address(broker)}"})
+    kser = AvroSerializer(sr, json.dumps({"type": "record", "name": "Key", "fields": [
+        {"name": "tenant", "type": "string"}, {"name": "id", "type": "long"}]}))
+    vser = JSONSerializer(json.dumps(JV1), sr)
+    kctx = SerializationContext("keyed", MessageField.KEY)
+    vctx = SerializationContext("keyed", MessageField.VALUE)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    acked: dict[tuple[int, int], bytes] = {}
+
+    def done(err: Any, m: Any) -> None:
+        if err is None:
+            acked[(m.partition(), m.offset())] = m.value()
+
+    for i in range(40):
+        p.produce("keyed", vser(jevent(i, False), vctx),
+                  key=kser({"tenant": f"t{i % 3}", "id": i}, kctx), on_delivery=done)
+    p.produce("keyed", vser(jevent(99, False), vctx), key=b"not avro", on_delivery=done)
+    assert p.flush(30) == 0 and len(acked) == 41
+    rows: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(rows) < 40:
+        rows = table_rows(data, "keyed")
+        time.sleep(0.1)
+    sr.close()
+    assert len(rows) == 40
+    assert {r["_kafka_key"]["id"]: r["_kafka_key"]["tenant"] for r in rows} == {
+        i: f"t{i % 3}" for i in range(40)}
+    assert all(r["_kafka_key"]["id"] == r["id"] for r in rows)
+    key_type = catalog(data).load_table(("default", "keyed")).schema().find_field(
+        "_kafka_key").field_type
+    assert isinstance(key_type, StructType)
+    dead = dead_letters(broker.bootstrap, "keyed.dlq", 1)
+    assert dict(dead[0].headers())["floe.error.reason"].decode().startswith("key: ")
