@@ -113,10 +113,13 @@ class Storage(TopicTable):
         me = self.cluster.node_id
         want = {} if not snap.registered else {
             sid: lead.epoch for sid, lead in snap.view.leaders.items() if lead.node_id == me}
-        for sid in [s for s, e in held.items() if want.get(s) != e]:
+        lost = [s for s, e in held.items() if want.get(s) != e]
+        for sid in lost:
             del held[sid]
             self.log.drop_stream(sid)
             self.producers.drop_stream(sid)
+        if lost:
+            log.info("broker %d no longer leads streams %s", me, lost)
         take = sorted(s for s in want if s not in held)
         if not take:
             return

@@ -163,12 +163,15 @@ class WalMixin(IndexMixin):
             self._full.clear()
             began = time.monotonic()
             try:
-                await self._flush(batch)
+                committed = await self._flush(batch)
             except Exception as e:
                 log.error("WAL flush of %d appends failed: %r", len(batch), e)
                 self.stats.wal_flush_failures += 1
                 self._fail(batch, e)
             else:
+                if not committed:  # every append was fenced: no object became part of a log
+                    self.stats.wal_flush_failures += 1
+                    continue
                 self.stats.wal_flushes += 1
                 self.stats.wal_flush_seconds.observe(time.monotonic() - began)
                 self.stats.wal_flush_bytes.observe(nbytes)
@@ -196,14 +199,15 @@ class WalMixin(IndexMixin):
             self._ids = list(range(first + 63, first - 1, -1))
         return self._ids.pop()
 
-    async def _flush(self, batch: list[_Pending]) -> None:
+    async def _flush(self, batch: list[_Pending]) -> bool:
+        """Write and commit the batch; False when every append in it was fenced."""
         # appends to a stream dropped (or dropped and taken again) since: not this era's
         stale = [p for p in batch if self.streams.get(p.stream.stream_id) is not p.stream]
         if stale:
             self._fail(stale, StreamFencedError("the stream changed owner"))
             batch = [p for p in batch if self.streams.get(p.stream.stream_id) is p.stream]
             if not batch:
-                return
+                return False
         guards = self.guards({p.stream.stream_id for p in batch}) if self.guards else ()
         try:
             await self._flush_guarded(batch, guards)
@@ -211,8 +215,10 @@ class WalMixin(IndexMixin):
             log.warning("WAL commit refused for streams %s: %s", sorted(e.stream_ids), e)
             self._fail([p for p in batch if p.stream.stream_id in e.stream_ids], e)
             rest = [p for p in batch if p.stream.stream_id not in e.stream_ids]
-            if rest:
-                await self._flush_guarded(rest, guards)
+            if not rest:
+                return False
+            await self._flush_guarded(rest, guards)
+        return True
 
     async def _flush_guarded(
         self, batch: list[_Pending], guards: Sequence[CommitAttachment]

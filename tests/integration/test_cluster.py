@@ -1,0 +1,216 @@
+"""Brokers sharing one object store and one metadata database (issue 12): a partition's
+leader dies or is paused past its lease, another broker takes the partition over, and clients
+follow. Real `floe broker` processes on 127.0.0.1 sharing a file object store and a SQLite
+metadata file; confluent_kafka clients."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.brokerproc import BrokerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TIMEOUT_S = 30.0
+FAILOVER_TARGET_S = 5.0
+
+
+@contextmanager
+def cluster(tmp_path: Path, nodes: int, *args: str) -> Iterator[list[BrokerProcess]]:
+    shared = [
+        "--object-store", (tmp_path / "objects").resolve().as_uri(),
+        "--metadata", f"sqlite:///{(tmp_path / 'meta.db').resolve()}",
+    ]
+    brokers: list[BrokerProcess] = []
+    try:
+        for n in range(1, nodes + 1):
+            b = BrokerProcess(tmp_path / f"b{n}", ["--node-id", str(n), *shared, *args])
+            brokers.append(b.start())
+        yield brokers
+    finally:
+        for b in brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.send_signal(signal.SIGCONT)
+            b.stop()
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> leader node id (-1: none), as a broker's Metadata has it."""
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=3)
+    t = md.topics[topic]
+    assert t.error is None, t.error
+    return {p: t.partitions[p].leader for p in t.partitions}
+
+
+def wait_for(what: str, check: object, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert callable(check)
+        try:
+            if check():
+                return
+        except Exception:  # a broker not answering yet
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (f,) = admin.create_topics([NewTopic(topic, partitions, 1)]).values()
+    f.result(timeout=TIMEOUT_S)
+
+
+def node(brokers: list[BrokerProcess], node_id: int) -> BrokerProcess:
+    return brokers[node_id - 1]
+
+
+def test_sigkill_of_a_leader_loses_nothing_and_production_resumes(tmp_path: Path) -> None:
+    with cluster(tmp_path, 3) as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "t", 3)
+        placed: dict[int, int] = {}
+        wait_for("one partition per broker", lambda: placed.update(leaders(bootstrap, "t"))
+                 or sorted(placed.values()) == [1, 2, 3])
+        acked: list[tuple[int, int, bytes, float]] = []  # partition, offset, value, when
+        failed: list[str] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failed.append(str(err))
+            else:
+                acked.append((msg.partition(), msg.offset(), msg.value(), time.monotonic()))
+
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                             "acks": "all", "linger.ms": 5, "message.timeout.ms": 60000})
+        consumed: list[tuple[int, int, bytes]] = []
+        stop = threading.Event()
+
+        def consume() -> None:
+            c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader",
+                          "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+            c.assign([TopicPartition("t", p, 0) for p in range(3)])
+            try:
+                while not stop.is_set():
+                    for m in c.consume(num_messages=500, timeout=0.2):
+                        if m.error() is None:
+                            consumed.append((m.partition(), m.offset(), m.value()))
+            finally:
+                c.close()
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        try:
+            victim = placed[0]
+            seq = 0
+            killed_at = 0.0
+            started = time.monotonic()
+            while time.monotonic() - started < 12.0:
+                for p in range(3):
+                    producer.produce("t", value=f"{p}-{seq}".encode(), partition=p,
+                                     on_delivery=on_delivery)
+                seq += 1
+                producer.poll(0.01)
+                if not killed_at and time.monotonic() - started > 3.0:
+                    node(brokers, victim).kill()
+                    killed_at = time.monotonic()
+            assert producer.flush(TIMEOUT_S) == 0
+            assert not failed, failed[:5]
+            resumed = min(t for p, _, _, t in acked if p == 0 and t > killed_at) - killed_at
+            print(f"\nleader of t-0 (broker {victim}) SIGKILLed; t-0 took acks again after"
+                  f" {resumed:.2f} s; {len(acked)} records acknowledged")
+            assert resumed < FAILOVER_TARGET_S
+            want = {(p, o): v for p, o, v, _ in acked}
+            wait_for("every acknowledged record consumed",
+                     lambda: want.keys() <= {(p, o) for p, o, _ in consumed})
+        finally:
+            stop.set()
+            reader.join(TIMEOUT_S)
+        got: dict[tuple[int, int], bytes] = {}
+        for p, o, v in consumed:
+            assert (p, o) not in got, f"offset {o} of t-{p} consumed twice"
+            got[(p, o)] = v
+        for p in range(3):
+            offsets = sorted(o for q, o in got if q == p)
+            assert offsets == list(range(len(offsets))), f"t-{p}: offsets not contiguous"
+        values = list(got.values())
+        assert len(values) == len(set(values)), "a record was written twice"
+        assert all(got[k] == v for k, v in want.items())
+
+
+def wal_flushes(b: BrokerProcess) -> float:
+    """The broker's count of WAL objects written and committed (its /metrics)."""
+    with urllib.request.urlopen(f"http://{b.admin_address()}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    (value,) = re.findall(r"^floe_wal_flushes_total (\S+)$", text, re.MULTILINE)
+    return float(value)
+
+
+def test_a_paused_leader_commits_nothing_and_its_clients_move(tmp_path: Path) -> None:
+    # a long WAL flush interval keeps the paused broker's append pending across the pause
+    with cluster(tmp_path, 2, "--set", "wal.flush.interval.ms=1000") as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "s", 1)
+        found: dict[int, int] = {}
+        wait_for("a leader", lambda: found.update(leaders(bootstrap, "s")) or
+                 found.get(0) in (1, 2))
+        old = found[0]
+        paused, other = node(brokers, old), node(brokers, 3 - old)
+        assert paused.proc is not None
+        results: dict[bytes, tuple[str | None, int]] = {}
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            results[msg.value()] = (None if err is None else str(err), msg.offset())
+
+        flushes = wal_flushes(paused)
+        # a client of the paused broker only: its append is pending when the pause starts
+        stranded = Producer({"bootstrap.servers": paused.bootstrap, "acks": "all",
+                             "message.timeout.ms": 60000})
+        stranded.produce("s", value=b"from-paused", partition=0, on_delivery=on_delivery)
+        stranded.poll(0.3)
+        paused.proc.send_signal(signal.SIGSTOP)
+        paused_at = time.monotonic()
+        wait_for("the other broker to lead",
+                 lambda: leaders(other.bootstrap, "s")[0] == 3 - old, timeout=15)
+        print(f"\nbroker {3 - old} leads s-0 {time.monotonic() - paused_at:.2f} s after"
+              f" broker {old} was paused")
+        # resumed: its pending append fits the log's end (offset 0: nobody wrote since), yet
+        # it must not be committed by the deposed broker; the client is sent to the new
+        # leader, which writes it
+        paused.proc.send_signal(signal.SIGCONT)
+        assert stranded.flush(TIMEOUT_S) == 0
+        fresh = Producer({"bootstrap.servers": other.bootstrap, "acks": "all"})
+        for i in range(4):
+            fresh.produce("s", value=f"new-{i}".encode(), partition=0, on_delivery=on_delivery)
+        assert fresh.flush(TIMEOUT_S) == 0
+        assert wal_flushes(paused) == flushes  # the resumed broker committed nothing
+        assert results == {b"from-paused": (None, 0), b"new-0": (None, 1), b"new-1": (None, 2),
+                           b"new-2": (None, 3), b"new-3": (None, 4)}
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check",
+                      "enable.auto.commit": False})
+        try:
+            c.assign([TopicPartition("s", 0, 0)])
+            got: list[tuple[int, bytes]] = []
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(got) < 5 and time.monotonic() < deadline:
+                for m in c.consume(num_messages=10, timeout=0.5):
+                    if m.error() is None:
+                        got.append((m.offset(), m.value()))
+        finally:
+            c.close()
+        assert got == [(0, b"from-paused"), (1, b"new-0"), (2, b"new-1"), (3, b"new-2"),
+                       (4, b"new-3")]
+        assert leaders(bootstrap, "s")[0] == 3 - old  # the resumed broker did not take it back
