@@ -53,13 +53,20 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.update import (
+    AddPartitionSpecUpdate,
     AddSchemaUpdate,
     AddSnapshotUpdate,
+    AddSortOrderUpdate,
     AssertCurrentSchemaId,
+    AssertDefaultSortOrderId,
+    AssertDefaultSpecId,
     AssertLastAssignedFieldId,
+    AssertLastAssignedPartitionId,
     AssertRefSnapshotId,
     AssertTableUUID,
     SetCurrentSchemaUpdate,
+    SetDefaultSortOrderUpdate,
+    SetDefaultSpecUpdate,
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
     TableRequirement,
@@ -69,6 +76,8 @@ from pyiceberg.table.update import (
 from s3stream.retry import RetryPolicy
 from tabletopic.contract import OFFSETS, offsets_of, snapshot_summary
 from tabletopic.contract import encode_offsets as encode_offsets  # tests import it from here
+from tabletopic.partitioning import Layout, sort_rows, stage_layout
+from tabletopic.upsert import Upsert, stage_upsert
 
 log = logging.getLogger(__name__)
 MAIN = "main"
@@ -94,7 +103,7 @@ class Prepared:
     table: Table
     updates: tuple[TableUpdate, ...]
     requirements: tuple[TableRequirement, ...]
-    snapshot_id: int  # the snapshot this commit adds
+    snapshot_id: int  # the (last) snapshot this commit adds
     offsets: dict[int, int]  # floe.offsets after it
 
 
@@ -104,10 +113,15 @@ def prepare(
     data: pa.Table | None,
     start: dict[int, int],
     new: dict[int, int],
+    layout: Layout | None = None,
+    upsert: Upsert | None = None,
 ) -> Prepared | None:
     """Build the commit of offsets [start, new) (rows `data`, None: every record of the range
-    went to the dead-letter topic) on `table` as loaded. None: the table already holds exactly
-    these offsets (an earlier attempt landed though its answer was lost). Raises StaleOffsets
+    went to the dead-letter topic) on `table` as loaded, in `layout` (tabletopic.partitioning;
+    staged with the rows when the table's differs) and, with `upsert`, replacing the keys the
+    rows touch (tabletopic.upsert: a delete snapshot, then the append). None: the table
+    already holds exactly these offsets (an earlier attempt landed though its answer was
+    lost). Raises StaleOffsets
     when the table is not at `start` for some partition (a partition the table does not know
     yet may start anywhere). Writes the data files; sends nothing to the catalog."""
     current = table_offsets(table)
@@ -122,17 +136,22 @@ def prepare(
     summary = snapshot_summary(topic, encoded)
     tx = table.transaction()
     evolve = data is not None and not covers(table, data.schema)
+    if data is not None and evolve:
+        with tx.update_schema() as update:
+            update.union_by_name(data.schema)
+    relayout = layout is not None and stage_layout(tx, layout)
     if data is not None:
-        if evolve:
-            with tx.update_schema() as update:
-                update.union_by_name(data.schema)
+        if upsert is not None:
+            data = stage_upsert(tx, data, upsert, summary)
+        if layout is not None and layout.sort_by:
+            data = sort_rows(data, layout.sort_by)
         tx.append(data, snapshot_properties=summary)
     else:
         with tx.update_snapshot(snapshot_properties=summary).fast_append():
             pass  # a snapshot without files: it carries the offsets (see the module docstring)
     tx.set_properties({OFFSETS: encoded})
     updates: tuple[TableUpdate, ...] = tx._updates
-    snapshot_id = check_updates(updates, meta.current_snapshot_id, encoded, evolve)
+    snapshot_id = check_updates(updates, meta.current_snapshot_id, encoded, evolve, relayout)
     requirements: list[TableRequirement] = [
         AssertTableUUID(uuid=meta.table_uuid),
         AssertRefSnapshotId.model_validate({"ref": MAIN, "snapshot-id": meta.current_snapshot_id}),
@@ -144,32 +163,48 @@ def prepare(
                 {"last-assigned-field-id": meta.last_column_id}
             )
         )
+    if relayout:
+        requirements += [
+            AssertDefaultSpecId.model_validate({"default-spec-id": meta.default_spec_id}),
+            AssertLastAssignedPartitionId.model_validate(
+                {"last-assigned-partition-id": meta.last_partition_id}),
+            AssertDefaultSortOrderId.model_validate(
+                {"default-sort-order-id": meta.default_sort_order_id}),
+        ]
     return Prepared(table, updates, tuple(requirements), snapshot_id, offsets)
 
 
 def check_updates(
-    updates: tuple[TableUpdate, ...], parent: int | None, offsets: str, evolve: bool
+    updates: tuple[TableUpdate, ...], parent: int | None, offsets: str, evolve: bool,
+    relayout: bool = False,
 ) -> int:
-    """The staged updates must be exactly: one new snapshot (child of `parent`, `floe.offsets`
-    in its summary) made current on `main`, `floe.offsets` set, and a schema change only if we
-    asked for one. Returns the new snapshot's id; raises UnexpectedUpdates otherwise."""
+    """The staged updates must be exactly: a chain of new snapshots (the first a child of
+    `parent`, each of the one before; `floe.offsets` in every summary; more than one only for
+    an upsert's delete before its append), each made current on `main` in turn,
+    `floe.offsets` set, and a schema change, a partition spec or sort order change only if we
+    asked for one. Returns the last new snapshot's id; raises UnexpectedUpdates otherwise."""
     snaps = [u for u in updates if isinstance(u, AddSnapshotUpdate)]
     refs = [u for u in updates if isinstance(u, SetSnapshotRefUpdate)]
     props = [u for u in updates if isinstance(u, SetPropertiesUpdate)]
     schema = [u for u in updates if isinstance(u, AddSchemaUpdate | SetCurrentSchemaUpdate)]
+    layout = [u for u in updates if isinstance(u, AddPartitionSpecUpdate | SetDefaultSpecUpdate
+                                               | AddSortOrderUpdate | SetDefaultSortOrderUpdate)]
     problems = []
-    if len(snaps) != 1 or snaps[0].snapshot.parent_snapshot_id != parent:
-        problems.append("not one new snapshot on the current one")
-    elif (summary := snaps[0].snapshot.summary) is None or summary[OFFSETS] != offsets:
+    ids = [s.snapshot.snapshot_id for s in snaps]
+    if not snaps or [s.snapshot.parent_snapshot_id for s in snaps] != [parent, *ids[:-1]]:
+        problems.append("not a chain of new snapshots on the current one")
+    elif any((m := s.snapshot.summary) is None or m[OFFSETS] != offsets for s in snaps):
         problems.append("snapshot summary without the offsets")
-    new_id = snaps[0].snapshot.snapshot_id if snaps else None
-    if len(refs) != 1 or refs[0].ref_name != MAIN or refs[0].snapshot_id != new_id:
+    new_id = ids[-1] if snaps else None
+    if [(r.ref_name, r.snapshot_id) for r in refs] != [(MAIN, i) for i in ids]:
         problems.append("the new snapshot is not made current on main")
     if len(props) != 1 or props[0].updates != {OFFSETS: offsets}:
         problems.append("floe.offsets not set")
     if bool(schema) != evolve:
         problems.append("unexpected schema change" if schema else "schema change missing")
-    if len(snaps) + len(refs) + len(props) + len(schema) != len(updates):
+    if bool(layout) != relayout:
+        problems.append("unexpected layout change" if layout else "layout change missing")
+    if len(snaps) + len(refs) + len(props) + len(schema) + len(layout) != len(updates):
         problems.append("other updates: " + ", ".join(sorted({type(u).__name__ for u in updates})))
     if problems or new_id is None:
         raise UnexpectedUpdates("; ".join(problems))
@@ -190,17 +225,18 @@ def discard_files(prepared: Prepared) -> None:
     """Delete the files written for a commit that certainly did not land: its data files, new
     manifests and its manifest list (best effort; the orphan sweep gets what is left)."""
     io = prepared.table.io
-    (snap,) = [u.snapshot for u in prepared.updates if isinstance(u, AddSnapshotUpdate)]
-    paths = [snap.manifest_list]
+    snaps = [u.snapshot for u in prepared.updates if isinstance(u, AddSnapshotUpdate)]
+    ours = {s.snapshot_id for s in snaps}
+    paths = [s.manifest_list for s in snaps]
     try:
-        for m in snap.manifests(io):
-            if m.added_snapshot_id != prepared.snapshot_id:
+        for m in snaps[-1].manifests(io):  # the last snapshot's manifests list the others' too
+            if m.added_snapshot_id not in ours:
                 continue
             paths.append(m.manifest_path)
             for e in m.fetch_manifest_entry(io, discard_deleted=False):
-                if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == prepared.snapshot_id:
+                if e.status == ManifestEntryStatus.ADDED and e.snapshot_id in ours:
                     paths.append(e.data_file.file_path)
-        for path in paths:
+        for path in dict.fromkeys(paths):
             io.delete(path)
     except Exception as e:
         log.warning("could not delete the files of a failed commit: %r", e)
@@ -229,6 +265,8 @@ def commit_offsets(
     new: dict[int, int],
     attempts: int = COMMIT_ATTEMPTS,
     on_retry: Callable[[BaseException], None] | None = None,
+    layout: Layout | None = None,
+    upsert: Upsert | None = None,
 ) -> None:
     """Commit offsets [start, new) exactly once (see the module docstring): on a conflict the
     table is reloaded, the offsets checked again and the commit rebuilt, at most `attempts`
@@ -236,7 +274,9 @@ def commit_offsets(
     last CommitFailedException when every attempt lost a race."""
 
     def attempt() -> None:
-        prepared = prepare(catalog.load_table(identifier), topic, data, start, new)
+        prepared = prepare(
+            catalog.load_table(identifier), topic, data, start, new, layout, upsert
+        )
         if prepared is not None:
             send(catalog, prepared)
 

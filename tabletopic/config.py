@@ -6,10 +6,17 @@ and `TableTopicConfig`, their typed view of a topic's parsed configs."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from broker.config import TOPIC_CONFIGS, ConfigDef, TopicConfig, positive
+from broker.config import TOPIC_CONFIGS, ConfigDef, ConfigError, TopicConfig, positive
+from tabletopic.partitioning import (
+    Layout,
+    LayoutError,
+    parse_id_columns,
+    parse_partition_by,
+    parse_sort_by,
+)
 
 OWNER = "tabletopic"
 PREFIX = "table.topic."
@@ -91,7 +98,48 @@ TABLE_TOPIC_CONFIGS = (
         choices=("none", "invalid_data", "all"),
     ),
     ConfigDef(PREFIX + "dlq.topic", "string", "", "dead-letter topic (default <topic>.dlq)"),
+    ConfigDef(
+        PREFIX + "partition.by",
+        "string",
+        "",
+        "Iceberg partition spec, e.g. [bucket(id, 16), day(ts)] (tabletopic.partitioning)",
+        lambda v: _layout_ok(parse_partition_by, v),
+    ),
+    ConfigDef(
+        PREFIX + "sort.by",
+        "string",
+        "",
+        "Iceberg sort order, e.g. [ts desc, id]; each file is sorted by it",
+        lambda v: _layout_ok(parse_sort_by, v),
+    ),
+    ConfigDef(
+        PREFIX + "upsert.enable",
+        "boolean",
+        "false",
+        "the table holds the latest row per id.columns key (tabletopic.upsert)",
+    ),
+    ConfigDef(
+        PREFIX + "id.columns",
+        "string",
+        "",
+        "upsert key columns, e.g. [region, name]",
+        lambda v: _layout_ok(parse_id_columns, v),
+    ),
+    ConfigDef(
+        PREFIX + "cdc.field",
+        "string",
+        "",
+        "column holding the operation (I, U, D); default _cdc.op with flatten_debezium",
+    ),
 )
+
+
+def _layout_ok(parse: Callable[[str], object], value: str) -> bool:
+    try:
+        parse(value)
+    except LayoutError as e:
+        raise ConfigError(f"invalid value {value!r} for {PREFIX}{e}") from None
+    return True
 
 
 def register() -> None:
@@ -127,6 +175,10 @@ class TableTopicConfig:
     transform: str = "flatten"  # flatten | none (one _kafka_value column) | flatten_debezium
     value_message: str = ""  # by_latest_schema Protobuf: the message's full name ("": first)
     key_message: str = ""
+    layout: Layout = field(default_factory=Layout)
+    upsert: bool = False
+    id_columns: tuple[str, ...] = ()
+    cdc_field: str = ""  # "": none, or _cdc.op with flatten_debezium
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -162,4 +214,10 @@ class TableTopicConfig:
             transform=text("transform.value.type"),
             value_message=text("convert.value.message.full.name"),
             key_message=text("convert.key.message.full.name"),
+            layout=Layout(parse_partition_by(text("partition.by")),
+                          parse_sort_by(text("sort.by"))),
+            upsert=config.get(PREFIX + "upsert.enable") is True,
+            id_columns=parse_id_columns(text("id.columns")),
+            cdc_field=text("cdc.field")
+            or ("_cdc.op" if text("transform.value.type") == "flatten_debezium" else ""),
         )

@@ -40,6 +40,7 @@ from tabletopic.dlq import DeadLetters
 from tabletopic.keyconvert import KeyedConverter, ValueConverter, converter, schema_parts
 from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
 from tabletopic.schemaconvert import SchemaById, SchemaConverter, StoredSchemaLike
+from tabletopic.upsert import Upsert
 
 __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
@@ -330,9 +331,11 @@ class TableWriter:
     def _commit_sync(
         self, data: pa.Table | None, start: dict[int, int], new: dict[int, int]
     ) -> None:
+        cfg = self.config
+        upsert = Upsert(cfg.id_columns, cfg.cdc_field) if cfg.upsert else None
         commit_offsets(
-            self.catalog, self.config.identifier, self.topic, data, start, new,
-            on_retry=self._commit_conflict,
+            self.catalog, cfg.identifier, self.topic, data, start, new,
+            on_retry=self._commit_conflict, layout=cfg.layout, upsert=upsert,
         )
 
     # -- status ----------------------------------------------------------------------------
