@@ -9,7 +9,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from broker.admin import serve_admin
+from broker.admin import TableRoutes, serve_admin
 from broker.cluster import ClusterSettings
 from broker.config import Settings, topic_defaults
 from broker.engine import StorageEngine
@@ -18,6 +18,7 @@ from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
 from broker.health import Health
 from broker.logcleaner import CleanerStats
+from broker.metadata.tablestate import TableStates
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.nullstorage import NullStorage
@@ -29,8 +30,10 @@ from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store, redact_url
 from s3stream.objectstore import open_object_store
 from tabletopic import config as _table_configs  # noqa: F401  registers table.topic.*
+from tabletopic.api import TableApi
 from tabletopic.catalog import open_catalog
 from tabletopic.manager import TableTopics
+from tabletopic.ops import TableOps
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -83,7 +86,11 @@ def _health(settings: Settings, storage: StorageEngine, catalog: Catalog) -> Hea
 
 
 async def _admin(
-    settings: Settings, metrics: BrokerMetrics, health: Health, tables: Callable[[], object]
+    settings: Settings,
+    metrics: BrokerMetrics,
+    health: Health,
+    tables: Callable[[], object],
+    routes: TableRoutes | None = None,
 ) -> asyncio.Server | None:
     """The admin port (`metrics` setting): prints `metrics on HOST:PORT`. A port that cannot be
     bound is logged as an ERROR and the broker runs without it (Kafka clients do not need it)."""
@@ -93,7 +100,8 @@ async def _admin(
     try:
         server = await serve_admin(
             mhost, mport, metrics.exposition, lambda: {"health": health.report(),
-                                                       "tables": tables()}
+                                                       "tables": tables()},
+            routes,
         )
     except OSError as e:
         log.error(
@@ -224,7 +232,10 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         orphan_min_age_s=settings.table_orphan_min_age_ms / 1000,
     )
     metrics.sources.tables = tables.status
-    status_server = await _admin(settings, metrics, health, tables.status)
+    tables.states = TableStates(storage.meta)  # operators' pauses (floe table pause)
+    await tables.states.open()
+    api = TableApi(TableOps(storage, catalog, tables, tables.states))
+    status_server = await _admin(settings, metrics, health, tables.status, api.handle)
     registry, registry_server = await start_schema_registry(settings, storage.meta)
     ctx.schemas.attach(registry)
     tables.schemas = registry  # by_schema_id table topics fetch writer schemas from it

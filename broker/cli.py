@@ -77,13 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     from broker.localcluster.launcher import add_parser as add_local_cluster_parser
 
     add_local_cluster_parser(sub)
-    t = sub.add_parser("table", help="table topics: freshness and errors")
-    t.add_argument("action", choices=["status"])
-    t.add_argument(
-        "--metrics",
-        help="the broker's admin HOST:PORT (default FLOE_METRICS, else 127.0.0.1:9644)",
-    )
-    t.add_argument("--json", action="store_true", help="machine-readable output")
+    from tabletopic.table_cli import add_parser as add_table_parser
+
+    add_table_parser(sub)
     g = sub.add_parser("groups", help="consumer groups: list, or describe with lag")
     g.add_argument("action", choices=["list", "describe"])
     g.add_argument("group", nargs="?")
@@ -130,6 +126,10 @@ def _table(args: argparse.Namespace) -> int:
     from tabletopic.status import fetch_full_status, render, render_health
 
     address = args.metrics or os.environ.get("FLOE_METRICS") or DEFAULT_ADDRESS
+    if args.action != "status":
+        from tabletopic.table_cli import run as run_table
+
+        return run_table(args, address)
     try:
         doc = fetch_full_status(address)
     except OSError as e:

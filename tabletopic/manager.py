@@ -11,6 +11,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from broker.engine import StorageEngine
+from broker.metadata.tablestate import TableStates
 from tabletopic.config import TableTopicConfig
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.schemaconvert import SchemaById
@@ -33,6 +34,12 @@ class TableTopics:
         self.poll_s = poll_s
         self.schemas: SchemaById | None = None  # the Schema Registry, set by broker.app
         self.writers: dict[str, tuple[TableWriter, asyncio.Task[None]]] = {}
+        # operators' pauses (tabletopic.ops), read from the metadata store on every poll
+        self.states: TableStates | None = None
+        self.paused: dict[str, str] = {}  # topic -> why it is paused
+        # operations (rollback, rebuild) holding a writer here: not overridden by a poll
+        self.holds: dict[str, str] = {}
+        self.configs: dict[str, TableTopicConfig] = {}  # each writer's, to see changes
 
     async def run(self) -> None:
         try:
@@ -44,17 +51,33 @@ class TableTopics:
                 await self._stop(name)
 
     async def _sync(self) -> None:
+        if self.states is not None:
+            try:
+                states = await self.states.all()
+                self.paused = {t: s.reason for t, s in states.items() if s.paused}
+            except Exception:
+                log.exception("table topic states (pause) could not be read; keeping the last")
+        for name, (w, _t) in self.writers.items():
+            w.paused = self.pause_of(name)
         wanted = set()
         for name, topic in self.storage.topics.items():
             try:
-                if TableTopicConfig.of(name, topic.config).enabled:
-                    wanted.add(name)
+                cfg = TableTopicConfig.of(name, topic.config)
             except Exception:
                 log.exception("table topic config of %s", name)
+                continue
+            if cfg.enabled:
+                wanted.add(name)
+                if name in self.writers and self.configs.get(name) != cfg:
+                    # a changed setting (converter, ...) applies from the table's offsets on
+                    log.info("table topic %s: settings changed; restarting its writer", name)
+                    await self._stop(name)
+                self.configs[name] = cfg
         for name in wanted - set(self.writers):
             writer = TableWriter(
                 name, self.storage, self.catalog, self.orphan_min_age_s, self.schemas
             )
+            writer.paused = self.pause_of(name)
             task = asyncio.create_task(writer.run(), name=f"table-topic {name}")
             self.writers[name] = (writer, task)
         for name in set(self.writers) - wanted:
@@ -75,6 +98,36 @@ class TableTopics:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+    def pause_of(self, topic: str) -> str | None:
+        return self.holds.get(topic) or self.paused.get(topic)
+
+    def apply_state(self, topic: str, paused: str | None) -> None:
+        """Pause (why) or resume (None) a topic's writer now, without waiting for the poll."""
+        if paused is None:
+            self.paused.pop(topic, None)
+        else:
+            self.paused[topic] = paused
+        if topic in self.writers:
+            self.writers[topic][0].paused = self.pause_of(topic)
+
+    def hold(self, topic: str, why: str | None) -> None:
+        """An operation holds (why) or releases (None) the topic's writer on this broker."""
+        if why is None:
+            self.holds.pop(topic, None)
+        else:
+            self.holds[topic] = why
+        if topic in self.writers:
+            self.writers[topic][0].paused = self.pause_of(topic)
+
+    async def wait_idle(self, topic: str, timeout_s: float) -> None:
+        """Until the topic's writer is paused and holds nothing (its commit in flight done);
+        TimeoutError after timeout_s. A topic without a running writer is idle."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while topic in self.writers and not self.writers[topic][0].idle:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise TimeoutError(f"the writer of {topic} did not stop within {timeout_s:g} s")
+            await asyncio.sleep(0.05)
 
     def status(self) -> list[dict[str, Any]]:
         return [w.status() for w, _t in self.writers.values()]

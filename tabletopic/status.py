@@ -44,6 +44,8 @@ def render(tables: list[dict[str, Any]]) -> str:
             f"{t['rows']} rows, {t['dead_letters']} dead letters ({t['dlq_topic']}), "
             f"last commit {last}"
         )
+        if t.get("paused"):
+            out.append(f"  PAUSED: {t['paused']}")
         if t["last_error"]:
             out.append(f"  last error: {t['last_error']}")
         out.append(f"  {'PART':>4} {'LOG END':>10} {'COMMITTED':>10} {'LAG':>8} {'LAG s':>8}")

@@ -93,6 +93,10 @@ class TableWriter:
         self._stop = asyncio.Event()
         # steps retried after an error (WRITER_RETRY), commits rebuilt after a lost race
         self.retries = {"error": 0, "commit_conflict": 0}
+        # tabletopic.ops: why an operator or an operation paused this writer (None: running);
+        # `idle` once it holds nothing, so that a rollback or rebuild can rewrite the table
+        self.paused: str | None = None
+        self.idle = False
 
     @property
     def config(self) -> TableTopicConfig:
@@ -106,6 +110,11 @@ class TableWriter:
             f"table topic {self.topic}", on_retry=self._retried, logger=log
         )
         while not self._stop.is_set():
+            if self.paused is not None:  # resumed, it starts again from the table's offsets
+                self.converter, self.idle = None, True
+                await self._sleep(0.05)
+                continue
+            self.idle = False
             try:
                 if self.converter is None:
                     await self._start()
@@ -375,6 +384,7 @@ class TableWriter:
             "dlq_topic": cfg.dlq_topic,
             "last_commit": self.last_commit,
             "last_error": self.last_error,
+            "paused": self.paused,
             "retries": dict(self.retries),
             "partitions": parts,
         }
