@@ -36,7 +36,7 @@ _DEFS = [
     ConfigDef(
         "broker.session.timeout.ms",
         "int",
-        "3000",
+        "2000",
         "a broker whose lease was not renewed for this long is dead; its partitions move",
         positive,
     ),

@@ -1,7 +1,7 @@
 """Brokers sharing one object store and one metadata database (issue 12): a partition's
 leader dies or is paused past its lease, another broker takes the partition over, and clients
-follow. Real `floe broker` processes on 127.0.0.1 sharing a file object store and a SQLite
-metadata file; confluent_kafka clients."""
+follow. Real `floe broker` processes on 127.0.0.1 sharing a file object store and one metadata
+database: a SQLite file, or PostgreSQL (tests/pg.py); confluent_kafka clients."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.brokerproc import BrokerProcess
+from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,12 +27,18 @@ TIMEOUT_S = 30.0
 FAILOVER_TARGET_S = 5.0
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+    return str(request.getfixturevalue("pg_url"))
+
+
 @contextmanager
-def cluster(tmp_path: Path, nodes: int, *args: str) -> Iterator[list[BrokerProcess]]:
-    shared = [
-        "--object-store", (tmp_path / "objects").resolve().as_uri(),
-        "--metadata", f"sqlite:///{(tmp_path / 'meta.db').resolve()}",
-    ]
+def cluster(
+    tmp_path: Path, metadata: str, nodes: int, *args: str
+) -> Iterator[list[BrokerProcess]]:
+    shared = ["--object-store", (tmp_path / "objects").resolve().as_uri(), "--metadata", metadata]
     brokers: list[BrokerProcess] = []
     try:
         for n in range(1, nodes + 1):
@@ -78,8 +85,10 @@ def node(brokers: list[BrokerProcess], node_id: int) -> BrokerProcess:
     return brokers[node_id - 1]
 
 
-def test_sigkill_of_a_leader_loses_nothing_and_production_resumes(tmp_path: Path) -> None:
-    with cluster(tmp_path, 3) as brokers:
+def test_sigkill_of_a_leader_loses_nothing_and_production_resumes(
+    tmp_path: Path, metadata: str
+) -> None:
+    with cluster(tmp_path, metadata, 3) as brokers:
         bootstrap = ",".join(b.bootstrap for b in brokers)
         create_topic(bootstrap, "t", 3)
         placed: dict[int, int] = {}
@@ -159,9 +168,11 @@ def wal_flushes(b: BrokerProcess) -> float:
     return float(value)
 
 
-def test_a_paused_leader_commits_nothing_and_its_clients_move(tmp_path: Path) -> None:
+def test_a_paused_leader_commits_nothing_and_its_clients_move(
+    tmp_path: Path, metadata: str
+) -> None:
     # a long WAL flush interval keeps the paused broker's append pending across the pause
-    with cluster(tmp_path, 2, "--set", "wal.flush.interval.ms=1000") as brokers:
+    with cluster(tmp_path, metadata, 2, "--set", "wal.flush.interval.ms=1000") as brokers:
         bootstrap = ",".join(b.bootstrap for b in brokers)
         create_topic(bootstrap, "s", 1)
         found: dict[int, int] = {}
@@ -214,3 +225,25 @@ def test_a_paused_leader_commits_nothing_and_its_clients_move(tmp_path: Path) ->
         assert got == [(0, b"from-paused"), (1, b"new-0"), (2, b"new-1"), (3, b"new-2"),
                        (4, b"new-3")]
         assert leaders(bootstrap, "s")[0] == 3 - old  # the resumed broker did not take it back
+
+
+def test_a_broker_shutting_down_hands_its_partitions_over_at_once(
+    tmp_path: Path, metadata: str
+) -> None:
+    with cluster(tmp_path, metadata, 2) as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "h", 2)
+        placed: dict[int, int] = {}
+        wait_for("one partition per broker", lambda: placed.update(leaders(bootstrap, "h"))
+                 or sorted(placed.values()) == [1, 2])
+        leaving, staying = node(brokers, placed[0]), node(brokers, 3 - placed[0])
+        began = time.monotonic()
+        leaving.stop()  # SIGTERM: flush, give up partitions and lease, exit
+        wait_for("the other broker to lead both", lambda: leaders(staying.bootstrap, "h")
+                 == {0: 3 - placed[0], 1: 3 - placed[0]}, timeout=15)
+        moved = time.monotonic() - began
+        print(f"\npartitions of a broker shut down were led again after {moved:.2f} s")
+        assert moved < 2.5  # a heartbeat or two, not the session timeout
+        p = Producer({"bootstrap.servers": staying.bootstrap, "acks": "all"})
+        p.produce("h", value=b"after", partition=0)
+        assert p.flush(TIMEOUT_S) == 0
