@@ -10,6 +10,7 @@ back (`floe table rollback`); the snapshot log says when each snapshot became cu
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyiceberg.table import Table
@@ -17,6 +18,7 @@ from pyiceberg.table import Table
 from tabletopic.contract import OFFSETS, offsets_of
 
 OPERATION = "floe.operation"  # set by floe's own operations: rebuild, replay-dlq
+DLQ_OFFSETS = "floe.dlq.offsets"  # replay-dlq: the dead-letter offsets it replayed, as ranges
 
 
 def lineage(table: Table) -> dict[str, Any]:
@@ -51,6 +53,7 @@ def lineage(table: Table) -> dict[str, Any]:
                 "floe": OFFSETS in summary,
                 "offsets": {str(p): o for p, o in sorted(offsets.items())},
                 "ranges": ranges,
+                "dlq_offsets": json.loads(summary.get(DLQ_OFFSETS, "[]")),
                 "added_records": int(summary.get("added-records", "0")),
                 "deleted_records": int(summary.get("deleted-records", "0")),
                 "total_records": int(summary.get("total-records", "0")),
@@ -97,6 +100,7 @@ def render(topic: str, doc: dict[str, Any]) -> str:
             f"{mark} {s['snapshot_id']:>20} {at:%Y-%m-%d %H:%M:%S.%f}"[:-3]
             + f" {s['operation']:<10} +{s['added_records']} -{s['deleted_records']}"
             f" rows={s['total_records']} {ranges or '(no offsets moved)'}"
+            + "".join(f" dlq:[{a},{b})" for a, b in s["dlq_offsets"])
         )
     lines.append("* current   x rolled back (not an ancestor of the current snapshot)")
     return "\n".join(lines)

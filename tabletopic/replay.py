@@ -40,12 +40,11 @@ from tabletopic.config import TableTopicConfig
 from tabletopic.contract import encode_offsets, snapshot_summary
 from tabletopic.dlq import SOURCE_OFFSET, SOURCE_PARTITION
 from tabletopic.keyconvert import converter, schema_parts
-from tabletopic.lineage import OPERATION
+from tabletopic.lineage import DLQ_OFFSETS, OPERATION
 from tabletopic.ops import OperationError, guards
 from tabletopic.schemaconvert import SchemaById
 from tabletopic.writer import TableWriter
 
-DLQ_OFFSETS = "floe.dlq.offsets"
 ATTEMPTS = 5  # replays that lost a race to another commit start again, this many times
 
 
