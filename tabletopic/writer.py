@@ -134,7 +134,14 @@ class TableWriter:
             except KafkaError as e:
                 if e.code.name == "unknown_topic_or_partition":
                     return  # the topic is gone
-                raise
+                if e.code.name != "not_leader_or_follower":
+                    raise
+                # a partition led by another broker (broker.cluster), or this broker's lease
+                # lapsed while the metadata database was unreachable: keep everything, retry
+                self.last_error = f"{type(e).__name__}: {e}"
+                wait = tries.failed(e)
+                assert wait is not None
+                await self._sleep(wait)
             except Exception as e:  # catalog or warehouse down, ...: keep everything, retry
                 self.last_error = f"{type(e).__name__}: {e}"
                 wait = tries.failed(e)
