@@ -28,8 +28,10 @@ next offset}); every floe commit also writes it into its snapshot's summary. The
     rebuild on the new snapshot, up to `attempts` times (COMMIT_RETRY: with a short backoff).
     A floe commit by someone else makes the re-check fail: StaleOffsets, the writer
     restarts from the table's offsets.
-    Outside the model: a rollback of `main` to an older snapshot id (an operator's act, which
-    leaves `floe.offsets` pointing past the rows rolled back) and hand edits of `floe.offsets`.
+    Outside the model: a rollback of `main` to an older snapshot id by other tools (which
+    leaves `floe.offsets` pointing past the rows rolled back; `floe table rollback` sets both
+    in one guarded commit with the writer held, tabletopic.ops) and hand edits of
+    `floe.offsets`.
 
 What this rests on in pyiceberg (pinned in pyproject.toml, checked by tests/unit/
 test_table_commit.py): `Transaction` stages updates for an append / empty fast append, a schema
