@@ -51,7 +51,7 @@ from s3stream.log import (
     WalSettings,
     now_ms,
 )
-from s3stream.metadata import MetadataError, SqliteMetadataStore
+from s3stream.metadata import MetadataError, SqliteMetadataStore, StreamsFencedError
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,12 @@ class Storage(TopicTable):
             raise KafkaError(
                 ErrorCode.offset_out_of_range, f"offset {offset} beyond the high watermark {end}"
             )
-        return await self.log.truncate(sid, target) if target > start else start
+        if target <= start:
+            return start
+        try:
+            return await self.log.truncate(sid, target)
+        except StreamsFencedError as e:  # led by another broker since the check above
+            raise KafkaError(ErrorCode.not_leader_or_follower, str(e)) from None
 
     async def apply_retention(self) -> int:
         """One pass over every topic with a delete policy: `retention.ms` / `retention.bytes`
@@ -446,7 +451,10 @@ class Storage(TopicTable):
                     continue
                 start = retention_start(st, retention_ms, retention_bytes, now)
                 if start > st.start_offset:
-                    await self.log.truncate(sid, start)
+                    try:
+                        await self.log.truncate(sid, start)
+                    except StreamsFencedError:  # led by another broker now: its job
+                        continue
                     log.info("retention: %s moved log start to %d", topic.name, start)
                     moved += 1
         return moved

@@ -103,3 +103,14 @@ async def test_a_stale_epoch_guard_refuses_the_whole_commit(broker: Storage) -> 
     current = LeaderGuard(me.node_id, me.incarnation, {sid: epoch}, broker.meta.for_update)
     await broker.meta.commit_object(999_999, "wal/x", 100, [chunk], [current])
     assert await ends(broker) == [1, 0]
+
+
+async def test_delete_records_on_a_partition_led_elsewhere_is_refused(broker: Storage) -> None:
+    assert await outcome(broker.append("t", 0, make_batch([b"a", b"b"]))) == 0
+    await sql(broker, "UPDATE kafka_partitions SET leader=2, leader_epoch=leader_epoch+1"
+                      " WHERE stream_id=?", broker.stream_id("t", 0))
+    with pytest.raises(KafkaError) as e:
+        await broker.delete_records("t", 0, 1)
+    assert e.value.code == ErrorCode.not_leader_or_follower
+    assert await sql(broker, "SELECT start_offset FROM streams WHERE stream_id=?",
+                     broker.stream_id("t", 0)) == [(0,)]
