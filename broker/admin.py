@@ -1,7 +1,9 @@
-"""The admin HTTP port: `GET /metrics` (Prometheus text, broker/metrics.py) and `GET /status`
+"""The admin HTTP port: `GET /metrics` (Prometheus text, broker/metrics.py), `GET /status`
 (JSON: health of the object store, metadata database and catalog, and every table topic's
-status). A minimal HTTP/1.1 server, one request per connection; it only reads in-memory state,
-so a scrape never waits on storage."""
+status), `GET /` (the web console, broker/console.py) and `/tables/...` (table operations,
+tabletopic.api). A minimal HTTP/1.1 server, one request per connection; /metrics and /status
+only read in-memory state, so a scrape never waits on storage (the console and the table
+operations read the catalog)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 DEFAULT_ADDRESS = "127.0.0.1:9644"
+LINEAGE_TIMEOUT_S = 5.0  # the console's wait for each table's snapshots
 # `/tables/...`: table operations (tabletopic.api): (method, path, query) -> (code, JSON)
 TableRoutes = Callable[[str, str, dict[str, str]], Awaitable[tuple[int, dict[str, Any]]]]
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 409: "Conflict",
@@ -45,8 +48,11 @@ async def serve_admin(
                 code, ctype, data = 200, "text/plain; version=0.0.4; charset=utf-8", metrics()
             elif path.startswith("/status"):
                 code, ctype, data = 200, "application/json", json.dumps(status()).encode()
+            elif path == "/":
+                code, ctype, data = 200, "text/html; charset=utf-8", await _console(
+                    status(), tables)
             else:
-                code, ctype, data = 404, "text/plain", b"try /metrics or /status\n"
+                code, ctype, data = 404, "text/plain", b"try /, /metrics or /status\n"
             writer.write(
                 f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\n"
                 f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
@@ -60,3 +66,19 @@ async def serve_admin(
             writer.close()
 
     return await asyncio.start_server(handle, host, port, reuse_address=True)
+
+
+async def _console(doc: dict[str, Any], tables: TableRoutes | None) -> bytes:
+    """The console page (broker/console.py) with each table topic's snapshots, each lineage
+    bounded by LINEAGE_TIMEOUT_S (the catalog may be slow or down: the page still renders)."""
+    from broker.console import page
+
+    lineages: dict[str, dict[str, Any]] = {}
+    for t in doc.get("tables", []) if tables is not None else []:
+        assert tables is not None
+        try:
+            _code, lineages[t["topic"]] = await asyncio.wait_for(
+                tables("GET", f"/tables/{t['topic']}/lineage", {}), LINEAGE_TIMEOUT_S)
+        except TimeoutError:
+            lineages[t["topic"]] = {"error": f"no answer within {LINEAGE_TIMEOUT_S:g} s"}
+    return page(doc, lineages)

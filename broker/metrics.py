@@ -234,6 +234,13 @@ class FloeCollector(Collector):
             "lag_s": GaugeMetricFamily("floe_table_lag_seconds",
                                        "Age of the oldest record not yet in the table.",
                                        labels=pl),
+            "conv_s": GaugeMetricFamily(
+                "floe_table_convert_lag_seconds",
+                "Age of the oldest acknowledged record the writer has not converted yet.",
+                labels=pl),
+            "commit_s": GaugeMetricFamily(
+                "floe_table_last_commit_duration_seconds",
+                "Time the last commit took: Parquet written plus catalog commit.", labels=tl),
             "co": GaugeMetricFamily("floe_table_committed_offset",
                                     "Next offset the table holds.", labels=pl),
             "end": GaugeMetricFamily("floe_table_log_end_offset",
@@ -253,6 +260,12 @@ class FloeCollector(Collector):
                 fams["retries"].add_metric([*lv, reason], n)
             if t["last_error"]:
                 fams["info"].add_metric(lv, {"error": str(t["last_error"])[:300]})
+            fresh = t.get("freshness", {})
+            if fresh.get("last_commit_seconds") is not None:
+                fams["commit_s"].add_metric(lv, fresh["last_commit_seconds"])
+            for f in fresh.get("partitions", []):
+                fams["conv_s"].add_metric([*lv, str(f["partition"])],
+                                          f["ack_to_converted_seconds"])
             if t["last_commit"] is not None:
                 fams["last"].add_metric(lv, t["last_commit"])
                 fams["age"].add_metric(lv, max(0.0, now - t["last_commit"]))

@@ -13,6 +13,7 @@ from pyiceberg.catalog import Catalog
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
 from tabletopic.config import TableTopicConfig
+from tabletopic.freshness import freshness
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.schemaconvert import SchemaById
 from tabletopic.writer import TableWriter
@@ -130,4 +131,4 @@ class TableTopics:
             await asyncio.sleep(0.05)
 
     def status(self) -> list[dict[str, Any]]:
-        return [w.status() for w, _t in self.writers.values()]
+        return [{**w.status(), "freshness": freshness(w)} for w, _t in self.writers.values()]

@@ -97,6 +97,7 @@ class TableWriter:
         # `idle` once it holds nothing, so that a rollback or rebuild can rewrite the table
         self.paused: str | None = None
         self.idle = False
+        self.last_commit_seconds: float | None = None  # Parquet written + catalog commit
 
     @property
     def config(self) -> TableTopicConfig:
@@ -334,7 +335,9 @@ class TableWriter:
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
         start = {s.partition: s.committed for s in parts}
         new = {s.partition: s.read_next for s in parts}
+        began = time.monotonic()
         await asyncio.to_thread(self._commit_sync, data, start, new)
+        self.last_commit_seconds = round(time.monotonic() - began, 3)
         for s in parts:
             s.committed = s.read_next
             s.tables, s.dead, s.records, s.bytes = [], [], 0, 0

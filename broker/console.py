@@ -1,0 +1,127 @@
+"""The web console on the admin port's `/`: one server-rendered HTML page (no script, no build
+step) made from the same documents as `/status` and `/tables/T/lineage`, refreshed by the
+browser every 5 s: the health of what the broker depends on, and per table topic the writer's
+state, lag and per-stage freshness per partition, dead letters, errors and the latest
+snapshots with the offsets each holds. Elements a test or a script may read carry ids:
+`lag-T-P`, `lag-seconds-T-P`, `dlq-T`, `state-T`."""
+
+from __future__ import annotations
+
+import datetime
+import html
+import time
+from typing import Any
+
+STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:.2em .6em;
+text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}.bad{color:#b00;font-weight:bold}
+.ok{color:#070}.muted{color:#777}"""
+SNAPSHOTS_SHOWN = 10
+
+
+def e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]]) -> bytes:
+    """The console for a /status document and the lineage of (some of) its table topics."""
+    now = time.time()
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        "<meta http-equiv='refresh' content='5'><title>floe console</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>floe broker</h1><p class='muted'>{e(_at(now))} UTC &middot; "
+        "<a href='/status'>/status</a> &middot; <a href='/metrics'>/metrics</a></p>",
+    ]
+    out += _health(status.get("health", {}))
+    tables = status.get("tables", [])
+    out.append(f"<h2>Table topics ({len(tables)})</h2>")
+    if not tables:
+        out.append("<p class='muted'>none</p>")
+    for t in tables:
+        out += _table(t, lineages.get(t["topic"]), now)
+    out.append("</body></html>")
+    return "\n".join(out).encode()
+
+
+def _at(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _health(health: dict[str, Any]) -> list[str]:
+    ok = health.get("healthy", False)
+    out = [f"<h2>Health: <span class='{'ok' if ok else 'bad'}' id='healthy'>"
+           f"{'healthy' if ok else 'UNHEALTHY'}</span></h2>",
+           "<table><tr><th class='l'>component</th><th class='l'>target</th><th>state</th>"
+           "<th class='l'>last error</th></tr>"]
+    for name, c in sorted(health.get("components", {}).items()):
+        err = f"{c['last_error']} ({_at(c['last_error_at'])})" if c.get("last_error") else ""
+        state = "<span class='ok'>ok</span>" if c["ok"] else "<span class='bad'>down</span>"
+        out.append(f"<tr><td class='l'>{e(name)}</td><td class='l'>{e(c['target'])}</td>"
+                   f"<td>{state}</td><td class='l'>{e(err)}</td></tr>")
+    out.append("</table>")
+    return out
+
+
+def _table(t: dict[str, Any], lineage: dict[str, Any] | None, now: float) -> list[str]:
+    topic = t["topic"]
+    stopped = [p for p in t["partitions"] if p.get("stopped")]
+    state = (f"PAUSED: {t['paused']}" if t.get("paused") else
+             "STOPPED (errors.tolerance=none)" if stopped else
+             "FAILING" if t["last_error"] else "running")
+    cls = "ok" if state == "running" else "bad"
+    last = f"{now - t['last_commit']:.1f} s ago" if t["last_commit"] else "never"
+    fresh = t.get("freshness", {})
+    took = fresh.get("last_commit_seconds")
+    out = [
+        f"<h3>{e(topic)} &rarr; {e(t['table'])} <span class='muted'>({e(t['value_type'])})"
+        "</span></h3>",
+        f"<p>writer: <span class='{cls}' id='state-{e(topic)}'>{e(state)}</span> &middot; "
+        f"{e(t['commits'])} commits, {e(t['rows'])} rows, last commit {e(last)}"
+        + (f" (took {e(took)} s)" if took is not None else "")
+        + f" &middot; dead letters: <span id='dlq-{e(topic)}'>{e(t['dead_letters'])}</span> "
+        f"in {e(t['dlq_topic'])} &middot; retries {e(t.get('retries', {}))}</p>",
+    ]
+    if t["last_error"]:
+        out.append(f"<p class='bad'>last error: {e(t['last_error'])}</p>")
+    out.append("<table><tr><th>partition</th><th>log end</th><th>converted</th>"
+               "<th>committed</th><th>lag (records)</th><th>ack&rarr;converted s</th>"
+               "<th>ack&rarr;committed s</th><th class='l'>stopped</th></tr>")
+    by_part = {f["partition"]: f for f in fresh.get("partitions", [])}
+    for p in t["partitions"]:
+        n, f = p["partition"], by_part.get(p["partition"], {})
+        pid = f"{e(topic)}-{n}"
+        out.append(
+            f"<tr><td>{n}</td><td>{p['log_end_offset']}</td>"
+            f"<td>{e(f.get('converted_offset', ''))}</td><td>{p['committed_offset']}</td>"
+            f"<td id='lag-{pid}'>{p['lag_records']}</td>"
+            f"<td>{e(f.get('ack_to_converted_seconds', ''))}</td>"
+            f"<td id='lag-seconds-{pid}'>{p['lag_seconds']}</td>"
+            f"<td class='l'>{e(p.get('stopped') or '')}</td></tr>")
+    out.append("</table>")
+    out += _snapshots(topic, lineage)
+    return out
+
+
+def _snapshots(topic: str, lineage: dict[str, Any] | None) -> list[str]:
+    link = f"<a href='/tables/{e(topic)}/lineage'>lineage (JSON)</a>"
+    if lineage is None or "snapshots" not in lineage:
+        why = (lineage or {}).get("error", "not available")
+        return [f"<p class='muted'>snapshots: {e(why)} &middot; {link}</p>"]
+    snaps = lineage["snapshots"][-SNAPSHOTS_SHOWN:]
+    out = [f"<p>latest {len(snaps)} of {len(lineage['snapshots'])} snapshots &middot; {link}</p>",
+           "<table><tr><th class='l'>snapshot</th><th class='l'>time (UTC)</th>"
+           "<th class='l'>operation</th><th>+rows</th><th>-rows</th><th>rows</th>"
+           "<th class='l'>offsets [from, to) per partition</th></tr>"]
+    for s in reversed(snaps):
+        mark = " (current)" if s["current"] else " (rolled back)" if s["rolled_back"] else ""
+        ranges = " ".join(f"p{p}:[{'start' if a is None else a},{b})"
+                          for p, (a, b) in s["ranges"].items())
+        out.append(
+            f"<tr><td class='l'>{s['snapshot_id']}{mark}</td>"
+            f"<td class='l'>{_at(s['timestamp_ms'] / 1000)}</td><td class='l'>"
+            f"{e(s['operation'])}</td><td>{s['added_records']}</td><td>{s['deleted_records']}"
+            f"</td><td>{s['total_records']}</td><td class='l'>{e(ranges)}</td></tr>")
+    out.append("</table>")
+    return out
