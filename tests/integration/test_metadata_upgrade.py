@@ -190,6 +190,7 @@ def test_a_database_made_by_an_older_main_opens_migrated_with_nothing_lost(
     assert [r for r in recorded if r[:2] in fixture.recorded] == recorded_before
     assert {r[:2] for r in recorded} == {*fixture.recorded, ("s3stream.metadata", 1),
                                          ("s3stream.metadata", 2), ("s3stream.metadata", 3),
+                                         ("broker.table_states", 1),
                                          ("broker.metadata", 1), ("broker.metadata", 2),
                                          ("schema_registry", 1)}
 
