@@ -93,6 +93,9 @@ class TableApi:
             return await ops.rebuild(topic, parse_from(q["from"]))
         if action == "replay-dlq":
             cfg = ops.config(topic)
+            if cfg.upsert:
+                raise OperationError(f"{topic} is an upsert table: replay-dlq appends rows and "
+                                     "does not merge them by key yet")
             self.replay.schemas = ops.tables.schemas
             return await self.replay.run(topic, cfg, q.get("dry_run") == "true")
         raise LookupError(f"no route POST /tables/{topic}/{action}")

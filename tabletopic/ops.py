@@ -170,7 +170,11 @@ class TableOps:
     async def rebuild(self, topic: str, frm: dict[int, int] | None) -> dict[str, Any]:
         """Rewind partitions to the given offsets (None: every partition to its log start) and
         delete the rows from there on; the writer then writes them again."""
-        self.config(topic)
+        if self.config(topic).upsert and frm is not None:
+            raise OperationError(
+                f"{topic} is an upsert table: its rows before an offset may have been replaced "
+                "by the rows a partial rebuild removes; use --all (or rollback)"
+            )
         parts = range(len(self.storage.topic(topic).streams))
         if frm is None:
             target = {p: self.storage.offsets(topic, p)[0] for p in parts}
