@@ -105,7 +105,7 @@ class Prepared:
     table: Table
     updates: tuple[TableUpdate, ...]
     requirements: tuple[TableRequirement, ...]
-    snapshot_id: int  # the (last) snapshot this commit adds
+    snapshot_id: int  # the snapshot this commit adds
     offsets: dict[int, int]  # floe.offsets after it
 
 
@@ -121,11 +121,11 @@ def prepare(
     """Build the commit of offsets [start, new) (rows `data`, None: every record of the range
     went to the dead-letter topic) on `table` as loaded, in `layout` (tabletopic.partitioning;
     staged with the rows when the table's differs) and, with `upsert`, replacing the keys the
-    rows touch (tabletopic.upsert: a delete snapshot, then the append). None: the table
+    rows touch (tabletopic.upsert: an overwrite instead of the append). None: the table
     already holds exactly these offsets (an earlier attempt landed though its answer was
-    lost). Raises StaleOffsets
-    when the table is not at `start` for some partition (a partition the table does not know
-    yet may start anywhere). Writes the data files; sends nothing to the catalog."""
+    lost). Raises StaleOffsets when the table is not at `start` for some partition (a
+    partition the table does not know yet may start anywhere). Writes the data files; sends
+    nothing to the catalog."""
     current = table_offsets(table)
     if all(current.get(p) == o for p, o in new.items()):
         return None
@@ -143,11 +143,11 @@ def prepare(
             update.union_by_name(data.schema)
     relayout = layout is not None and stage_layout(tx, layout)
     if data is not None:
+        order = layout.sort_by if layout is not None else ()
         if upsert is not None:
-            data = stage_upsert(tx, data, upsert, summary)
-        if layout is not None and layout.sort_by:
-            data = sort_rows(data, layout.sort_by)
-        tx.append(data, snapshot_properties=summary)
+            stage_upsert(tx, data, upsert, summary, lambda rows: sort_rows(rows, order))
+        else:
+            tx.append(sort_rows(data, order), snapshot_properties=summary)
     else:
         with tx.update_snapshot(snapshot_properties=summary).fast_append():
             pass  # a snapshot without files: it carries the offsets (see the module docstring)
@@ -180,11 +180,10 @@ def check_updates(
     updates: tuple[TableUpdate, ...], parent: int | None, offsets: str, evolve: bool,
     relayout: bool = False,
 ) -> int:
-    """The staged updates must be exactly: a chain of new snapshots (the first a child of
-    `parent`, each of the one before; `floe.offsets` in every summary; more than one only for
-    an upsert's delete before its append), each made current on `main` in turn,
-    `floe.offsets` set, and a schema change, a partition spec or sort order change only if we
-    asked for one. Returns the last new snapshot's id; raises UnexpectedUpdates otherwise."""
+    """The staged updates must be exactly: one new snapshot (child of `parent`, `floe.offsets`
+    in its summary; an upsert's is an overwrite) made current on `main`, `floe.offsets` set,
+    and a schema change, a partition spec or sort order change only if we asked for one.
+    Returns the new snapshot's id; raises UnexpectedUpdates otherwise."""
     snaps = [u for u in updates if isinstance(u, AddSnapshotUpdate)]
     refs = [u for u in updates if isinstance(u, SetSnapshotRefUpdate)]
     props = [u for u in updates if isinstance(u, SetPropertiesUpdate)]
@@ -192,13 +191,12 @@ def check_updates(
     layout = [u for u in updates if isinstance(u, AddPartitionSpecUpdate | SetDefaultSpecUpdate
                                                | AddSortOrderUpdate | SetDefaultSortOrderUpdate)]
     problems = []
-    ids = [s.snapshot.snapshot_id for s in snaps]
-    if not snaps or [s.snapshot.parent_snapshot_id for s in snaps] != [parent, *ids[:-1]]:
-        problems.append("not a chain of new snapshots on the current one")
-    elif any((m := s.snapshot.summary) is None or m[OFFSETS] != offsets for s in snaps):
+    if len(snaps) != 1 or snaps[0].snapshot.parent_snapshot_id != parent:
+        problems.append("not one new snapshot on the current one")
+    elif (summary := snaps[0].snapshot.summary) is None or summary[OFFSETS] != offsets:
         problems.append("snapshot summary without the offsets")
-    new_id = ids[-1] if snaps else None
-    if [(r.ref_name, r.snapshot_id) for r in refs] != [(MAIN, i) for i in ids]:
+    new_id = snaps[0].snapshot.snapshot_id if snaps else None
+    if len(refs) != 1 or refs[0].ref_name != MAIN or refs[0].snapshot_id != new_id:
         problems.append("the new snapshot is not made current on main")
     if len(props) != 1 or props[0].updates != {OFFSETS: offsets}:
         problems.append("floe.offsets not set")
@@ -227,18 +225,17 @@ def discard_files(prepared: Prepared) -> None:
     """Delete the files written for a commit that certainly did not land: its data files, new
     manifests and its manifest list (best effort; the orphan sweep gets what is left)."""
     io = prepared.table.io
-    snaps = [u.snapshot for u in prepared.updates if isinstance(u, AddSnapshotUpdate)]
-    ours = {s.snapshot_id for s in snaps}
-    paths = [s.manifest_list for s in snaps]
+    (snap,) = [u.snapshot for u in prepared.updates if isinstance(u, AddSnapshotUpdate)]
+    paths = [snap.manifest_list]
     try:
-        for m in snaps[-1].manifests(io):  # the last snapshot's manifests list the others' too
-            if m.added_snapshot_id not in ours:
+        for m in snap.manifests(io):
+            if m.added_snapshot_id != prepared.snapshot_id:
                 continue
             paths.append(m.manifest_path)
             for e in m.fetch_manifest_entry(io, discard_deleted=False):
-                if e.status == ManifestEntryStatus.ADDED and e.snapshot_id in ours:
+                if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == prepared.snapshot_id:
                     paths.append(e.data_file.file_path)
-        for path in dict.fromkeys(paths):
+        for path in paths:
             io.delete(path)
     except Exception as e:
         log.warning("could not delete the files of a failed commit: %r", e)

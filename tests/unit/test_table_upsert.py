@@ -11,8 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
 
-from tabletopic.commit import commit_offsets, table_offsets
+from tabletopic.commit import commit_offsets, prepare, send, table_offsets
 from tabletopic.convert import KAFKA_TYPE
 from tabletopic.partitioning import Layout, parse_partition_by
 from tabletopic.transformconvert import CDC_TYPE
@@ -116,3 +117,55 @@ def test_composite_keys_and_partitioned_upserts(catalog: SqlCatalog) -> None:
     assert keys == ({(i, f"n{j}") for i in range(5) for j in range(3)} - {(1, "n0")}) | {
         (9, "n9")}
     assert catalog.load_table(IDENT).scan().to_arrow().num_rows == 15
+
+
+def test_only_files_holding_touched_keys_are_rewritten(catalog: SqlCatalog) -> None:
+    offsets: dict[int, int] = {}
+
+    def upsert(events: list[Event]) -> None:
+        start = {0: offsets.get(0, 0)}
+        commit_offsets(catalog, IDENT, "cdc", batch(events, offsets), start, dict(offsets),
+                       upsert=UPSERT)
+
+    upsert([(0, "I", i, "a") for i in range(100)])
+    upsert([(0, "I", i, "b") for i in range(1000, 1100)])  # beyond the first file's bounds
+    table = catalog.load_table(IDENT)
+    snap = table.current_snapshot()
+    assert snap is not None and snap.summary is not None
+    assert snap.summary.operation.value == "append"
+    files = {f["file_path"]: f for f in table.inspect.files().to_pylist()}
+    assert len(files) == 2
+    upsert([(0, "U", 5, "c"), (0, "D", 6, "")])
+    table = catalog.load_table(IDENT)
+    snap = table.current_snapshot()
+    assert snap is not None and snap.summary is not None
+    assert snap.summary.operation.value == "overwrite"
+    after = {f["file_path"] for f in table.inspect.files().to_pylist()}
+    kept = [p for p in files if p in after]
+    assert len(kept) == 1 and files[kept[0]]["lower_bounds"] is not None  # the 1000s' file
+    got = state(catalog)
+    assert got[5] == "c" and 6 not in got and len(got) == 199
+
+
+def test_lost_race_deletes_only_its_new_files(catalog: SqlCatalog, tmp_path: Path) -> None:
+    offsets: dict[int, int] = {}
+    first = batch([(0, "I", i, "a") for i in range(50)], offsets)
+    commit_offsets(catalog, IDENT, "cdc", first, {0: 0}, dict(offsets), upsert=UPSERT)
+    before = {f["file_path"] for f in catalog.load_table(IDENT).inspect.files().to_pylist()}
+    second = batch([(0, "U", 1, "b")], offsets)
+    parquet = set((tmp_path / "wh").rglob("*.parquet"))
+    prepared = prepare(catalog.load_table(IDENT), "cdc", second, {0: 50}, {0: 51},
+                       upsert=UPSERT)
+    assert prepared is not None
+    # a non-floe commit lands first (a Spark rewrite would): the prepared one must fail
+    catalog.load_table(IDENT).transaction().set_properties({"other": "x"}).commit_transaction()
+    moved = catalog.load_table(IDENT)
+    with moved.transaction() as tx, tx.update_snapshot().fast_append():
+        pass
+    with pytest.raises(CommitFailedException):
+        send(catalog, prepared)
+    assert all(Path(p.removeprefix("file://")).exists() for p in before)
+    assert set((tmp_path / "wh").rglob("*.parquet")) == parquet  # its rewrite is gone
+    assert state(catalog) == {i: "a" for i in range(50)}
+    commit_offsets(catalog, IDENT, "cdc", second, {0: 50}, {0: 51}, upsert=UPSERT)
+    assert state(catalog)[1] == "b"
