@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.brokerproc import BrokerProcess
 from tests.integration.tableops import (
     alter,
     cli,
@@ -22,6 +24,7 @@ from tests.integration.tableops import (
     wait_keys,
     wait_status,
 )
+from tests.integration.test_schema_registry import registry_address
 from tests.integration.test_table_topic import create_table_topic, start
 from tests.kafkaread import consume_all
 
@@ -111,5 +114,39 @@ def test_bad_deploy_drill(tmp_path: Path) -> None:
         assert "replay-dlq" in text and "rebuild" in text and "x " in text
         hit = cli_json(admin, "locate", TOPIC, "--partition", "0", "--offset", "60")["snapshot"]
         assert hit is not None and not hit["rolled_back"]
+    finally:
+        broker.stop()
+
+
+def test_replay_after_the_schema_is_registered(tmp_path: Path) -> None:
+    """by_latest_schema before the subject has a schema: every record is a dead letter; the
+    schema is registered, new records flow, replay-dlq brings the old ones in with the typed
+    columns and their original offsets, once."""
+    data = tmp_path / "data"
+    broker = BrokerProcess(data_dir=data, registry_listen="127.0.0.1:0",
+                           extra_args=["--metrics", "127.0.0.1:0"]).start()
+    try:
+        boot, admin = broker.bootstrap, broker.admin_address()
+        create_table_topic(boot, "reg", 1, **{"table.topic.convert.value.type": "by_latest_schema",
+                                              "table.topic.commit.interval.ms": "300"})
+        early = produce(boot, "reg", [{"id": i, "name": f"n{i}"} for i in range(10)], 1)
+        wait_status(admin, "reg", lambda s: s["dead_letters"] == 10
+                    and s["partitions"][0]["lag_records"] == 0)
+        schema = {"type": "object", "properties": {"id": {"type": "integer"},
+                                                   "name": {"type": "string"}}}
+        req = urllib.request.Request(
+            f"http://{registry_address(broker)}/subjects/reg-value/versions",
+            data=json.dumps({"schemaType": "JSON", "schema": json.dumps(schema)}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert "id" in json.loads(r.read())
+        late = produce(boot, "reg", [{"id": i, "name": f"n{i}"} for i in range(10, 15)], 1)
+        wait_keys(data, "reg", set(late))
+        replay = cli_json(admin, "replay-dlq", "reg")
+        assert (replay["replayed"], replay["still_bad"]) == (10, [])
+        rows = wait_keys(data, "reg", set(early) | set(late), timeout=5)
+        assert sorted((r["_kafka"]["offset"], r["id"], r["name"]) for r in rows) == [
+            (i, i, f"n{i}") for i in range(15)]
+        assert cli_json(admin, "replay-dlq", "reg")["replayed"] == 0
     finally:
         broker.stop()
