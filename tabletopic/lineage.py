@@ -102,5 +102,12 @@ def render(topic: str, doc: dict[str, Any]) -> str:
             f" rows={s['total_records']} {ranges or '(no offsets moved)'}"
             + "".join(f" dlq:[{a},{b})" for a, b in s["dlq_offsets"])
         )
+    seen: set[int] = set()
+    for h in doc.get("history", []):  # a snapshot made current a second time: a rollback
+        if h["snapshot"] in seen:
+            at = datetime.datetime.fromtimestamp(h["at"] / 1000, datetime.UTC)
+            lines.append(f"  rollback at {at:%Y-%m-%d %H:%M:%S}: {h['snapshot']} made current "
+                         "again")
+        seen.add(h["snapshot"])
     lines.append("* current   x rolled back (not an ancestor of the current snapshot)")
     return "\n".join(lines)

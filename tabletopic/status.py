@@ -48,11 +48,15 @@ def render(tables: list[dict[str, Any]]) -> str:
             out.append(f"  PAUSED: {t['paused']}")
         if t["last_error"]:
             out.append(f"  last error: {t['last_error']}")
-        out.append(f"  {'PART':>4} {'LOG END':>10} {'COMMITTED':>10} {'LAG':>8} {'LAG s':>8}")
+        out.append(f"  {'PART':>4} {'LOG END':>10} {'COMMITTED':>10} {'LAG':>8} {'LAG s':>8}"
+                   f" {'UNCONVERTED s':>13}")
+        fresh = {f["partition"]: f for f in t.get("freshness", {}).get("partitions", [])}
         for p in t["partitions"]:
+            conv = fresh.get(p["partition"], {}).get("ack_to_converted_seconds", 0.0)
             out.append(
                 f"  {p['partition']:>4} {p['log_end_offset']:>10} "
                 f"{p['committed_offset']:>10} {p['lag_records']:>8} "
-                f"{p['lag_seconds']:>8.1f}" + (f"  STOPPED: {p['stopped']}" if p["stopped"] else "")
+                f"{p['lag_seconds']:>8.1f} {conv:>13.1f}"
+                + (f"  STOPPED: {p['stopped']}" if p["stopped"] else "")
             )
     return "\n".join(out) if out else "no table topics"

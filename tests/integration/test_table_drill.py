@@ -112,6 +112,7 @@ def test_bad_deploy_drill(tmp_path: Path) -> None:
         code, text, _ = cli(admin, "lineage", TOPIC)
         print(text)
         assert "replay-dlq" in text and "rebuild" in text and "x " in text
+        assert f"{before_incident} made current again" in text
         hit = cli_json(admin, "locate", TOPIC, "--partition", "0", "--offset", "60")["snapshot"]
         assert hit is not None and not hit["rolled_back"]
     finally:

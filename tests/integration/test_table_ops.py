@@ -53,7 +53,7 @@ def test_lineage_locate_pause_rollback_rebuild(tmp_path: Path) -> None:
         wait_status(admin, "ops", lambda s: s["paused"] == "drill")
         acked |= produce(broker.bootstrap, "ops", [{"n": i} for i in range(100, 160)], 2)
         code, out, _ = cli(admin, "status")
-        assert code == 0 and "PAUSED: drill" in out
+        assert code == 0 and "PAUSED: drill" in out and "UNCONVERTED s" in out
         time.sleep(1.5)  # several commit intervals
         assert current_snapshot(data, "ops") == first
         assert len(table_rows(data, "ops")) == 100
