@@ -10,8 +10,8 @@ is, the upsert table with `Upsert(("id",), "_cdc.op")` (tabletopic.upsert: lates
 copy-on-write delete of the keys touched, append). The figures are ratios against the append
 baseline measured in the same run; absolute times depend on the machine. Spark: a local
 session on the same catalog, warmed up on the append table, times `SELECT *` (collected) of
-the upsert table, median of 5, then `floe compact --table` (spark_compaction.compact.run_compact, every job) runs, then the
-same query again.
+the upsert table, median of 5, then `floe compact --table` (spark_compaction.compact.
+run_compact, every job) runs, then the same query again.
 """
 
 from __future__ import annotations

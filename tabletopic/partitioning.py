@@ -67,6 +67,17 @@ class PartitionBy:
     transform: str  # identity | bucket | truncate | year | month | day | hour
     arg: int | None = None  # bucket: N, truncate: W
 
+    @property
+    def name(self) -> str:
+        """The partition field's name: pyiceberg's default for a top-level column, with the
+        dots of a nested one made underscores (engines take a dotted name for a path)."""
+        base = self.column.replace(".", "_")
+        if self.transform == "identity":
+            return base
+        if self.arg is not None:
+            return f"{base}_{'trunc' if self.transform == 'truncate' else 'bucket'}_{self.arg}"
+        return f"{base}_{self.transform}"
+
     def iceberg(self) -> Transform[Any, Any]:
         if self.arg is not None:
             return _SIZED[self.transform](self.arg)
@@ -204,7 +215,7 @@ def stage_layout(tx: Transaction, layout: Layout) -> bool:
                     update.remove_field(name)
             for p in layout.partition_by:
                 if (p.column, str(p.iceberg())) not in by_key:
-                    update.add_field(p.column, p.iceberg())
+                    update.add_field(p.column, p.iceberg(), p.name)
         staged = True
     want_order = [(s.column, s.descending, s.nulls_first) for s in layout.sort_by]
     if want_order and want_order != _order_key(meta.sort_order(), schema) \

@@ -90,3 +90,28 @@ def test_partitioned_files_pruned_and_live_spec_change(spark_env: SparkEnv) -> N
     got, m = scan_metrics(env, "SELECT id FROM floe.layout.events WHERE id IN (7, 100)")
     assert sorted(r["id"] for r in got) == [7, 100]
     assert m["resultDataFiles"] < 28 and m["skippedDataFiles"] > 0
+
+
+def test_nested_and_truncate_partitions_read_in_spark(spark_env: SparkEnv) -> None:
+    """hour(_kafka.timestamp) (a nested source: the partition field `_kafka_timestamp_hour`),
+    truncate(name, 2) with null names (their own partition), identity(id)."""
+    env = spark_env
+    ident = ("layout", "nested")
+    env.catalog.create_namespace_if_not_exists("layout")
+    env.catalog.create_table(
+        ident, schema=pa.schema([pa.field("_kafka", KAFKA_TYPE, nullable=False)]),
+        properties={"format-version": "2", "floe.topic": "nested"})
+    data = rows(0, [(i, DAY0, None if i % 4 == 0 else f"{'ab' if i % 2 else 'cd'}{i}")
+                    for i in range(20)])
+    commit_offsets(env.catalog, ident, "nested", data, {0: 0}, {0: 20}, layout=Layout(
+        parse_partition_by("[hour(_kafka.timestamp), truncate(name, 2)]")))
+    parts = {(f["partition"]["_kafka_timestamp_hour"], f["partition"]["name_trunc_2"])
+             for f in env.catalog.load_table(ident).inspect.files().to_pylist()}
+    hour = int(DAY0.timestamp()) // 3600
+    assert parts == {(hour, "ab"), (hour, "cd"), (hour, None)}
+    got, m = scan_metrics(env, "SELECT id FROM floe.layout.nested WHERE name IS NULL")
+    assert sorted(r["id"] for r in got) == [0, 4, 8, 12, 16]
+    assert (m["resultDataFiles"], m["skippedDataFiles"]) == (1, 2)
+    got, m = scan_metrics(env, "SELECT count(*) AS n FROM floe.layout.nested "
+                               "WHERE _kafka.timestamp >= TIMESTAMP '2026-03-01 12:00:00'")
+    assert got == [{"n": 20}]
