@@ -169,3 +169,17 @@ def test_lost_race_deletes_only_its_new_files(catalog: SqlCatalog, tmp_path: Pat
     assert state(catalog) == {i: "a" for i in range(50)}
     commit_offsets(catalog, IDENT, "cdc", second, {0: 50}, {0: 51}, upsert=UPSERT)
     assert state(catalog)[1] == "b"
+
+
+def test_upsert_with_a_new_column(catalog: SqlCatalog) -> None:
+    """A batch bringing a column evolves the schema in the same commit; the rows kept from the
+    rewritten file get nulls in it."""
+    offsets: dict[int, int] = {}
+    first = batch([(0, "I", i, "a") for i in range(10)], offsets)
+    commit_offsets(catalog, IDENT, "cdc", first, {0: 0}, dict(offsets), upsert=UPSERT)
+    second = batch([(0, "U", 3, "b")], offsets)
+    second = second.append_column("tier", pa.array(["gold"]))
+    commit_offsets(catalog, IDENT, "cdc", second, {0: 10}, dict(offsets), upsert=UPSERT)
+    got = {r["id"]: (r["name"], r["tier"]) for r in catalog.load_table(IDENT).scan(
+        selected_fields=("id", "name", "tier")).to_arrow().to_pylist()}
+    assert got == {**{i: ("a", None) for i in range(10)}, 3: ("b", "gold")}
