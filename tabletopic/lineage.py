@@ -19,6 +19,7 @@ from tabletopic.contract import OFFSETS, offsets_of
 
 OPERATION = "floe.operation"  # set by floe's own operations: rebuild, replay-dlq
 DLQ_OFFSETS = "floe.dlq.offsets"  # replay-dlq: the dead-letter offsets it replayed, as ranges
+REBUILT = "floe.rebuilt"  # rebuild: {partition: [from, to)} rewritten from the log
 
 
 def lineage(table: Table) -> dict[str, Any]:
@@ -54,6 +55,7 @@ def lineage(table: Table) -> dict[str, Any]:
                 "offsets": {str(p): o for p, o in sorted(offsets.items())},
                 "ranges": ranges,
                 "dlq_offsets": json.loads(summary.get(DLQ_OFFSETS, "[]")),
+                "rebuilt": json.loads(summary.get(REBUILT, "{}")),
                 "added_records": int(summary.get("added-records", "0")),
                 "deleted_records": int(summary.get("deleted-records", "0")),
                 "total_records": int(summary.get("total-records", "0")),
@@ -73,6 +75,9 @@ def locate(doc: dict[str, Any], partition: int, offset: int) -> dict[str, Any] |
     for s in doc["snapshots"]:
         if s["rolled_back"]:
             continue
+        rebuilt = s.get("rebuilt", {}).get(str(partition))
+        if rebuilt is not None and rebuilt[0] <= offset < rebuilt[1]:
+            holder = s  # rewritten from the log by a rebuild (its last snapshot is current)
         r = s["ranges"].get(str(partition))
         if r is None:
             continue
@@ -101,6 +106,7 @@ def render(topic: str, doc: dict[str, Any]) -> str:
             + f" {s['operation']:<10} +{s['added_records']} -{s['deleted_records']}"
             f" rows={s['total_records']} {ranges or '(no offsets moved)'}"
             + "".join(f" dlq:[{a},{b})" for a, b in s["dlq_offsets"])
+            + "".join(f" rebuilt p{p}:[{a},{b})" for p, (a, b) in s["rebuilt"].items())
         )
     seen: set[int] = set()
     for h in doc.get("history", []):  # a snapshot made current a second time: a rollback

@@ -8,9 +8,12 @@
     `floe.offsets` to S's (the table is exactly as it was at S, offsets included), with the
     writer held; resumed, it re-materialises the records after S exactly once. Refused when the
     log no longer starts at or before S's offsets (retention or DeleteRecords removed them).
-  - rebuild from P:O (or all partitions from the log start): one guarded commit deletes the rows
-    at and after those offsets and rewinds `floe.offsets` to them; the writer, resumed, writes
-    them again from the log. Refused below the log start, like rollback.
+  - rebuild from P:O (or every row, from the log start): with the writer held, one guarded
+    commit deletes the rows at and after those offsets and adds them again, read from the log
+    and converted with today's settings (tabletopic.rebuild); `floe.offsets` is unchanged.
+    Upsert tables (--all only): the commit deletes every row and rewinds `floe.offsets` to the
+    log start, and the writer writes the log again, merging by key. Refused below the log
+    start, like rollback.
 
 Both guarded commits assert the table UUID and the current snapshot of `main` (as floe's own
 commits do, tabletopic.commit), so a commit racing them (Spark, another operation) makes one
@@ -30,11 +33,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
     AssertCurrentSchemaId,
-    AssertRefSnapshotId,
-    AssertTableUUID,
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
-    TableRequirement,
     TableUpdate,
 )
 
@@ -45,20 +45,13 @@ from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS, encode_offsets, offsets_of, snapshot_summary
 from tabletopic.lineage import OPERATION, lineage, locate
 from tabletopic.manager import TableTopics
+from tabletopic.rebuild import condition, guards, rebuild
 
 HOLD_TIMEOUT_S = 30.0  # how long an operation waits for the writer to stop (a commit in flight)
 
 
 class OperationError(Exception):
     """An operation refused (bad arguments, the log no longer holds the offsets, ...)."""
-
-
-def guards(table: Table) -> list[TableRequirement]:
-    meta = table.metadata
-    return [
-        AssertTableUUID(uuid=meta.table_uuid),
-        AssertRefSnapshotId.model_validate({"ref": MAIN, "snapshot-id": meta.current_snapshot_id}),
-    ]
 
 
 class TableOps:
@@ -168,9 +161,12 @@ class TableOps:
 
     # -- rebuild ---------------------------------------------------------------------------
     async def rebuild(self, topic: str, frm: dict[int, int] | None) -> dict[str, Any]:
-        """Rewind partitions to the given offsets (None: every partition to its log start) and
-        delete the rows from there on; the writer then writes them again."""
-        if self.config(topic).upsert and frm is not None:
+        """Rewrite the rows from the given offsets on (None: every row, from each partition's
+        log start) from the log in one commit (tabletopic.rebuild). Upsert tables (--all only):
+        every row deleted and the offsets rewound to the log start in one commit; the writer
+        then writes the log again, merging by key."""
+        cfg = self.config(topic)
+        if cfg.upsert and frm is not None:
             raise OperationError(
                 f"{topic} is an upsert table: its rows before an offset may have been replaced "
                 "by the rows a partial rebuild removes; use --all (or rollback)"
@@ -193,20 +189,18 @@ class TableOps:
                         f"partition {p}: the table holds offsets below {current[p]} only; "
                         f"nothing to rebuild from {o}"
                     )
+            if not cfg.upsert:
+                return await rebuild(self.storage, self.catalog, self.tables.schemas, topic,
+                                     cfg, target, everything=frm is None)
             offsets = {**current, **target}
-            await asyncio.to_thread(self._rebuild_sync, topic, table, frm, offsets)
+            await asyncio.to_thread(self._rewind_sync, topic, table, offsets)
         return {"topic": topic, "offsets_before": current, "offsets": offsets}
 
-    def _rebuild_sync(
-        self, topic: str, table: Table, frm: dict[int, int] | None, offsets: dict[int, int]
-    ) -> None:
+    def _rewind_sync(self, topic: str, table: Table, offsets: dict[int, int]) -> None:
         encoded = encode_offsets(offsets)
         summary = {**snapshot_summary(topic, encoded), OPERATION: "rebuild"}
-        condition = "true" if frm is None else " OR ".join(
-            f"(_kafka.partition = {p} AND _kafka.offset >= {o})" for p, o in sorted(frm.items())
-        )
         tx = table.transaction()
-        tx.delete(condition, snapshot_properties=summary)
+        tx.delete(condition(None), snapshot_properties=summary)
         if not any(isinstance(u, AddSnapshotUpdate) for u in tx._updates):
             with tx.update_snapshot(snapshot_properties=summary).fast_append():
                 pass  # no row to delete: the snapshot still carries the rewound offsets

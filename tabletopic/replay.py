@@ -41,7 +41,8 @@ from tabletopic.contract import encode_offsets, snapshot_summary
 from tabletopic.dlq import SOURCE_OFFSET, SOURCE_PARTITION
 from tabletopic.keyconvert import converter, schema_parts
 from tabletopic.lineage import DLQ_OFFSETS, OPERATION
-from tabletopic.ops import OperationError, guards
+from tabletopic.ops import OperationError
+from tabletopic.rebuild import guards
 from tabletopic.schemaconvert import SchemaById
 from tabletopic.writer import TableWriter
 

@@ -110,9 +110,13 @@ def render(action: str, topic: str, doc: dict[str, Any]) -> str:
     if action == "rollback":
         return (f"{topic}: rolled back to snapshot {doc['snapshot']}; offsets "
                 f"{doc['offsets_before']} -> {doc['offsets']}; the writer writes the rest again")
-    if action == "rebuild":
-        return (f"{topic}: offsets {doc['offsets_before']} -> {doc['offsets']}; the rows from "
-                "there on were removed and are written again from the log")
+    if action == "rebuild" and "rows" in doc:
+        return (f"{topic}: rebuilt from {doc['from']} up to {doc['offsets']}: {doc['rows']} rows "
+                f"rewritten from the log in snapshot {doc['snapshot']}, {doc['dead_letters']} "
+                "records to the dead-letter topic")
+    if action == "rebuild":  # an upsert table: rewound, the writer writes the log again
+        return (f"{topic}: offsets {doc['offsets_before']} -> {doc['offsets']}; every row was "
+                "removed and the writer writes the log again")
     lines = [f"{topic}: {doc['dead_letters']} dead letters, {doc['already_in_table']} already "
              f"in the table, {doc['replayed']} {'to replay' if doc['dry_run'] else 'replayed'}"
              + (f" (snapshot {doc['snapshot']})" if doc["snapshot"] else "")

@@ -68,6 +68,9 @@ def test_locate_follows_rewinds() -> None:
     assert [locate(doc, 0, o)["snapshot_id"] for o in (0, 14, 15, 19, 29)] == [  # type: ignore[index]
         1, 2, 4, 4, 4]
     assert locate(doc, 0, 30) is None and locate(doc, 1, 0) is None
+    doc["snapshots"].append({**snap(6, {}), "rebuilt": {"0": [12, 30]}})  # rewritten in place
+    assert [locate(doc, 0, o)["snapshot_id"] for o in (11, 12, 29)] == [  # type: ignore[index]
+        2, 6, 6]
 
 
 def test_parse_from_and_ranges() -> None:
