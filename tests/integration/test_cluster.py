@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -246,4 +247,51 @@ def test_a_broker_shutting_down_hands_its_partitions_over_at_once(
         assert moved < 2.5  # a heartbeat or two, not the session timeout
         p = Producer({"bootstrap.servers": staying.bootstrap, "acks": "all"})
         p.produce("h", value=b"after", partition=0)
+        assert p.flush(TIMEOUT_S) == 0
+
+
+def object_files(tmp_path: Path) -> list[str]:
+    return sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "objects").rglob("*")
+                  if p.is_file())
+
+
+def test_a_joining_broker_takes_partitions_over_without_copying_a_byte(
+    tmp_path: Path, metadata: str
+) -> None:
+    no_compaction = ("--set", "compaction.interval.ms=3600000")
+    with cluster(tmp_path, metadata, 3, *no_compaction) as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "j", 8)
+        placed: dict[int, int] = {}
+        wait_for("8 partitions over 3 brokers", lambda: placed.update(leaders(bootstrap, "j"))
+                 or sorted(Counter(placed.values()).values()) == [2, 3, 3])
+        p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for i in range(80):
+            p.produce("j", value=f"{i % 8}-{i // 8}".encode(), partition=i % 8)
+        assert p.flush(TIMEOUT_S) == 0
+        before = object_files(tmp_path)
+        fourth = BrokerProcess(tmp_path / "b4", ["--node-id", "4", "--object-store",
+                                                 (tmp_path / "objects").resolve().as_uri(),
+                                                 "--metadata", metadata, *no_compaction])
+        brokers.append(fourth.start())
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        wait_for("2 partitions per broker", lambda: placed.update(leaders(bootstrap, "j"))
+                 or sorted(Counter(placed.values()).values()) == [2, 2, 2, 2])
+        assert object_files(tmp_path) == before  # leadership moved, no object was written
+        moved = sorted(q for q, n in placed.items() if n == 4)
+        c = Consumer({"bootstrap.servers": fourth.bootstrap, "group.id": "j",
+                      "enable.auto.commit": False})
+        try:
+            c.assign([TopicPartition("j", q, 0) for q in moved])
+            got: set[bytes] = set()
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(got) < 20 and time.monotonic() < deadline:
+                for m in c.consume(num_messages=20, timeout=0.5):
+                    if m.error() is None:
+                        got.add(m.value())
+        finally:
+            c.close()
+        assert got == {f"{q}-{k}".encode() for q in moved for k in range(10)}
+        for q in moved:
+            p.produce("j", value=b"on-4", partition=q)
         assert p.flush(TIMEOUT_S) == 0
