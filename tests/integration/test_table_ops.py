@@ -104,3 +104,45 @@ def test_lineage_locate_pause_rollback_rebuild(tmp_path: Path) -> None:
         assert cli(admin, "lineage", "nope")[0] == 1
     finally:
         broker.stop()
+
+
+def test_pause_survives_a_restart_and_upsert_tables(tmp_path: Path) -> None:
+    """The pause is in the metadata store: a restarted broker's writer stays paused. An upsert
+    table refuses a partial rebuild and a DLQ replay; rebuild --all rewinds it and the writer
+    writes the log again, merging by key."""
+    data = tmp_path / "data"
+    broker = start(tmp_path)
+    try:
+        admin = broker.admin_address()
+        create_table_topic(broker.bootstrap, "up", 1, **{
+            "table.topic.commit.interval.ms": "300", "table.topic.upsert.enable": "true",
+            "table.topic.id.columns": "[id]"})
+        produce(broker.bootstrap, "up", [{"id": i % 5, "v": i} for i in range(20)], 1)
+        wait_status(admin, "up", lambda s: s["partitions"][0]["lag_records"] == 0)
+        assert cli(admin, "pause", "up", "--reason", "maintenance")[0] == 0
+    finally:
+        broker.stop()
+    broker = start(tmp_path)
+    try:
+        admin = broker.admin_address()
+        wait_status(admin, "up", lambda s: s["paused"] == "maintenance")
+        before = current_snapshot(data, "up")
+        produce(broker.bootstrap, "up", [{"id": 9, "v": 100}], 1)
+        time.sleep(1.5)
+        assert current_snapshot(data, "up") == before
+        code, _, err = cli(admin, "rebuild", "up", "--from-offset", "0:3")
+        assert code == 1 and "upsert table" in err
+        code, _, err = cli(admin, "replay-dlq", "up")
+        assert code == 1 and "upsert table" in err
+        code, out, err = cli(admin, "rebuild", "up", "--all")
+        assert code == 0 and "writer writes the log again" in out, err
+        assert status(admin, "up")["paused"] == "maintenance"  # an operator's pause stays
+        assert cli(admin, "resume", "up")[0] == 0
+        want = {i: 15 + i for i in range(5)} | {9: 100}
+        deadline = time.monotonic() + 20
+        while {r["id"]: r["v"] for r in table_rows(data, "up")} != want:
+            assert time.monotonic() < deadline, table_rows(data, "up")
+            time.sleep(0.3)
+        assert len(table_rows(data, "up")) == 6
+    finally:
+        broker.stop()
