@@ -25,6 +25,7 @@ from broker.nullstorage import NullStorage
 from broker.schemaregistry.service import start_schema_registry
 from broker.schemavalidation import SchemaValidator
 from broker.storage import Storage
+from broker.txn.coordinator import TxnCoordinator
 from s3stream.compaction import CompactionStats
 from s3stream.log import WalSettings
 from s3stream.metadata import open_metadata_store, redact_url
@@ -198,7 +199,10 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     offsets = OffsetStore(storage.group_offsets)
     await offsets.load()
     groups.start()
+    txn = TxnCoordinator(storage, storage.kafka, offsets)  # state in the metadata store
+    await txn.start()  # finishes transactions stopped between their markers
     ctx = BrokerContext(storage, settings, settings.node_id, host, port, groups, offsets)
+    ctx.txn = txn
     # produce awaits it before appending to a topic with schema validation on; it holds the
     # produce until the registry below is attached (None when off: such produces then fail)
     ctx.schemas = SchemaValidator()
@@ -261,5 +265,6 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         if registry_server is not None:
             registry_server.close()
         await close_server(server)
+        await txn.stop()
         await groups.stop()
         await storage.close()

@@ -221,6 +221,26 @@ class StorageEngine(Protocol):
 
     async def init_producer_id(self, producer_id: int, epoch: int) -> tuple[int, int]: ...
 
+    # -- transactions (broker.txn)
+    def append_marker(
+        self, topic: str, partition: int, producer_id: int, epoch: int, commit: bool,
+        coordinator_epoch: int,
+    ) -> asyncio.Future[AppendResult]:
+        """Append a transaction's COMMIT / ABORT control batch; resolves once durable, when
+        the partition's transaction of that producer is closed."""
+        ...
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """The first offset of the earliest open transaction, else the high watermark."""
+        ...
+
+    def aborted_transactions(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions with records in
+        [start, end)."""
+        ...
+
     # -- offsets and reads
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, high watermark)."""

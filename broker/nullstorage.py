@@ -124,6 +124,25 @@ class NullStorage(TopicTable):
             return producer_id, epoch + 1
         return next(self._producer_ids), 0
 
+    # -- transactions: a marker takes an offset; nothing is stored, so nothing is open
+    def append_marker(
+        self, topic: str, partition: int, producer_id: int, epoch: int, commit: bool,
+        coordinator_epoch: int,
+    ) -> asyncio.Future[AppendResult]:
+        offsets = self._offsets[self.stream_id(topic, partition)]
+        offsets[1] += 1
+        done: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        done.set_result(AppendResult(offsets[1] - 1, -1))
+        return done
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        return self.offsets(topic, partition)[1]
+
+    def aborted_transactions(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        return []
+
     # -- offsets and reads -----------------------------------------------------------------
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         start, end = self._offsets[self.stream_id(topic, partition)]

@@ -37,6 +37,7 @@ from broker.metadata import KafkaMetadata, PartitionRow, TopicRow, producer_rows
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
 from broker.retention import retention_start
+from broker.txn.partitions import TxnLog
 from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import (
     READ_ATTEMPTS,
@@ -83,6 +84,7 @@ class Storage(TopicTable):
         self.cluster = ClusterNode(meta, cluster or ClusterSettings())
         self.log.guards = self.cluster.guards
         self._topic_lock = asyncio.Lock()
+        self.txns = TxnLog(self.log)  # open transactions and aborted ranges per partition
 
     async def open(self) -> None:
         await self.kafka.open()
@@ -118,6 +120,7 @@ class Storage(TopicTable):
             del held[sid]
             self.log.drop_stream(sid)
             self.producers.drop_stream(sid)
+            self.txns.drop(sid)
         if lost:
             log.info("broker %d no longer leads streams %s", me, lost)
         take = sorted(s for s in want if s not in held)
@@ -128,6 +131,7 @@ class Storage(TopicTable):
         for sid in take:
             self.producers.drop_stream(sid)
         self.producers.load(state.producers)
+        await self.txns.rebuild(await self.kafka.txn_streams(take))  # before they are served
         for s in state.streams:
             held[s.stream_id] = want[s.stream_id]
         log.info("broker %d leads %d partitions (took %d)", me, len(held), len(state.streams))
@@ -209,6 +213,7 @@ class Storage(TopicTable):
                 self.cluster.held.pop(sid, None)
                 self.log.drop_stream(sid)
                 self.producers.drop_stream(sid)
+                self.txns.drop(sid)
 
     async def create_partitions(self, name: str, total: int, validate_only: bool) -> None:
         async with self._topic_lock:
@@ -276,6 +281,7 @@ class Storage(TopicTable):
         result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         if producer is not None:
             self._track_producer(sid, producer, base, base + count - 1, result)
+            self.txns.index.appended(sid, h0, base)  # a transactional batch opens its txn
 
         def done(f: asyncio.Future[int]) -> None:
             if result.done():
@@ -335,6 +341,25 @@ class Storage(TopicTable):
         if producer_id >= 0 and 0 <= epoch < 2**15 - 1:
             return producer_id, epoch + 1
         return await self.kafka.next_producer_id(), 0
+
+    # -- transactions (broker.txn) ---------------------------------------------------------
+    def append_marker(
+        self, topic: str, partition: int, producer_id: int, epoch: int, commit: bool,
+        coordinator_epoch: int,
+    ) -> asyncio.Future[AppendResult]:
+        return self.txns.append_marker(
+            self._served(topic, partition), producer_id, epoch, commit, coordinator_epoch
+        )
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        sid = self._served(topic, partition)
+        return self.txns.index.lso(sid, self.log.stream(sid).end_offset)
+
+    def aborted_transactions(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        sid = self._served(topic, partition)
+        return [(a.producer_id, a.first_offset) for a in self.txns.index.aborted(sid, start, end)]
 
     # -- offsets and reads -----------------------------------------------------------------
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:

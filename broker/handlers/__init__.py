@@ -12,6 +12,9 @@ from broker.handlers import (  # noqa: F401
     produce,
     producer_ids,
     topics,
+    txn,
+    txn_admin,
+    txn_offsets,
 )
 from broker.handlers.base import REGISTRY, BrokerContext, Later
 

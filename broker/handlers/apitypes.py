@@ -13,6 +13,22 @@ from typing import TYPE_CHECKING, TypeAlias
 from broker.handlers.base import ApiTypes
 
 if TYPE_CHECKING:
+    import kio.schema.add_offsets_to_txn.v0.request
+    import kio.schema.add_offsets_to_txn.v0.response
+    import kio.schema.add_offsets_to_txn.v1.request
+    import kio.schema.add_offsets_to_txn.v1.response
+    import kio.schema.add_offsets_to_txn.v2.request
+    import kio.schema.add_offsets_to_txn.v2.response
+    import kio.schema.add_offsets_to_txn.v3.request
+    import kio.schema.add_offsets_to_txn.v3.response
+    import kio.schema.add_partitions_to_txn.v0.request
+    import kio.schema.add_partitions_to_txn.v0.response
+    import kio.schema.add_partitions_to_txn.v1.request
+    import kio.schema.add_partitions_to_txn.v1.response
+    import kio.schema.add_partitions_to_txn.v2.request
+    import kio.schema.add_partitions_to_txn.v2.response
+    import kio.schema.add_partitions_to_txn.v3.request
+    import kio.schema.add_partitions_to_txn.v3.response
     import kio.schema.alter_configs.v0.request
     import kio.schema.alter_configs.v0.response
     import kio.schema.alter_configs.v1.request
@@ -97,6 +113,16 @@ if TYPE_CHECKING:
     import kio.schema.describe_groups.v4.response
     import kio.schema.describe_groups.v5.request
     import kio.schema.describe_groups.v5.response
+    import kio.schema.describe_transactions.v0.request
+    import kio.schema.describe_transactions.v0.response
+    import kio.schema.end_txn.v0.request
+    import kio.schema.end_txn.v0.response
+    import kio.schema.end_txn.v1.request
+    import kio.schema.end_txn.v1.response
+    import kio.schema.end_txn.v2.request
+    import kio.schema.end_txn.v2.response
+    import kio.schema.end_txn.v3.request
+    import kio.schema.end_txn.v3.response
     import kio.schema.fetch.v4.request
     import kio.schema.fetch.v4.response
     import kio.schema.fetch.v5.request
@@ -207,6 +233,8 @@ if TYPE_CHECKING:
     import kio.schema.list_offsets.v7.response
     import kio.schema.list_offsets.v8.request
     import kio.schema.list_offsets.v8.response
+    import kio.schema.list_transactions.v0.request
+    import kio.schema.list_transactions.v0.response
     import kio.schema.metadata.v0.request
     import kio.schema.metadata.v0.response
     import kio.schema.metadata.v1.request
@@ -295,6 +323,44 @@ if TYPE_CHECKING:
     import kio.schema.sync_group.v4.response
     import kio.schema.sync_group.v5.request
     import kio.schema.sync_group.v5.response
+    import kio.schema.txn_offset_commit.v0.request
+    import kio.schema.txn_offset_commit.v0.response
+    import kio.schema.txn_offset_commit.v1.request
+    import kio.schema.txn_offset_commit.v1.response
+    import kio.schema.txn_offset_commit.v2.request
+    import kio.schema.txn_offset_commit.v2.response
+    import kio.schema.txn_offset_commit.v3.request
+    import kio.schema.txn_offset_commit.v3.response
+
+AddOffsetsToTxnRequest: TypeAlias = (
+    "kio.schema.add_offsets_to_txn.v0.request.AddOffsetsToTxnRequest"
+    " | kio.schema.add_offsets_to_txn.v1.request.AddOffsetsToTxnRequest"
+    " | kio.schema.add_offsets_to_txn.v2.request.AddOffsetsToTxnRequest"
+    " | kio.schema.add_offsets_to_txn.v3.request.AddOffsetsToTxnRequest"
+)
+AddOffsetsToTxnResponse: TypeAlias = (
+    "kio.schema.add_offsets_to_txn.v0.response.AddOffsetsToTxnResponse"
+    " | kio.schema.add_offsets_to_txn.v1.response.AddOffsetsToTxnResponse"
+    " | kio.schema.add_offsets_to_txn.v2.response.AddOffsetsToTxnResponse"
+    " | kio.schema.add_offsets_to_txn.v3.response.AddOffsetsToTxnResponse"
+)
+ADD_OFFSETS_TO_TXN: ApiTypes[AddOffsetsToTxnRequest, AddOffsetsToTxnResponse] = ApiTypes(25)
+
+AddPartitionsToTxnRequest: TypeAlias = (
+    "kio.schema.add_partitions_to_txn.v0.request.AddPartitionsToTxnRequest"
+    " | kio.schema.add_partitions_to_txn.v1.request.AddPartitionsToTxnRequest"
+    " | kio.schema.add_partitions_to_txn.v2.request.AddPartitionsToTxnRequest"
+    " | kio.schema.add_partitions_to_txn.v3.request.AddPartitionsToTxnRequest"
+)
+AddPartitionsToTxnResponse: TypeAlias = (
+    "kio.schema.add_partitions_to_txn.v0.response.AddPartitionsToTxnResponse"
+    " | kio.schema.add_partitions_to_txn.v1.response.AddPartitionsToTxnResponse"
+    " | kio.schema.add_partitions_to_txn.v2.response.AddPartitionsToTxnResponse"
+    " | kio.schema.add_partitions_to_txn.v3.response.AddPartitionsToTxnResponse"
+)
+ADD_PARTITIONS_TO_TXN: ApiTypes[
+    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse
+] = ApiTypes(24)
 
 AlterConfigsRequest: TypeAlias = (
     "kio.schema.alter_configs.v0.request.AlterConfigsRequest"
@@ -439,6 +505,30 @@ DescribeGroupsResponse: TypeAlias = (
     " | kio.schema.describe_groups.v5.response.DescribeGroupsResponse"
 )
 DESCRIBE_GROUPS: ApiTypes[DescribeGroupsRequest, DescribeGroupsResponse] = ApiTypes(15)
+
+DescribeTransactionsRequest: TypeAlias = (
+    "kio.schema.describe_transactions.v0.request.DescribeTransactionsRequest"
+)
+DescribeTransactionsResponse: TypeAlias = (
+    "kio.schema.describe_transactions.v0.response.DescribeTransactionsResponse"
+)
+DESCRIBE_TRANSACTIONS: ApiTypes[
+    DescribeTransactionsRequest, DescribeTransactionsResponse
+] = ApiTypes(65)
+
+EndTxnRequest: TypeAlias = (
+    "kio.schema.end_txn.v0.request.EndTxnRequest"
+    " | kio.schema.end_txn.v1.request.EndTxnRequest"
+    " | kio.schema.end_txn.v2.request.EndTxnRequest"
+    " | kio.schema.end_txn.v3.request.EndTxnRequest"
+)
+EndTxnResponse: TypeAlias = (
+    "kio.schema.end_txn.v0.response.EndTxnResponse"
+    " | kio.schema.end_txn.v1.response.EndTxnResponse"
+    " | kio.schema.end_txn.v2.response.EndTxnResponse"
+    " | kio.schema.end_txn.v3.response.EndTxnResponse"
+)
+END_TXN: ApiTypes[EndTxnRequest, EndTxnResponse] = ApiTypes(26)
 
 FetchRequest: TypeAlias = (
     "kio.schema.fetch.v4.request.FetchRequest"
@@ -606,6 +696,14 @@ ListOffsetsResponse: TypeAlias = (
 )
 LIST_OFFSETS: ApiTypes[ListOffsetsRequest, ListOffsetsResponse] = ApiTypes(2)
 
+ListTransactionsRequest: TypeAlias = (
+    "kio.schema.list_transactions.v0.request.ListTransactionsRequest"
+)
+ListTransactionsResponse: TypeAlias = (
+    "kio.schema.list_transactions.v0.response.ListTransactionsResponse"
+)
+LIST_TRANSACTIONS: ApiTypes[ListTransactionsRequest, ListTransactionsResponse] = ApiTypes(66)
+
 MetadataRequest: TypeAlias = (
     "kio.schema.metadata.v0.request.MetadataRequest"
     " | kio.schema.metadata.v1.request.MetadataRequest"
@@ -725,3 +823,17 @@ SyncGroupResponse: TypeAlias = (
     " | kio.schema.sync_group.v5.response.SyncGroupResponse"
 )
 SYNC_GROUP: ApiTypes[SyncGroupRequest, SyncGroupResponse] = ApiTypes(14)
+
+TxnOffsetCommitRequest: TypeAlias = (
+    "kio.schema.txn_offset_commit.v0.request.TxnOffsetCommitRequest"
+    " | kio.schema.txn_offset_commit.v1.request.TxnOffsetCommitRequest"
+    " | kio.schema.txn_offset_commit.v2.request.TxnOffsetCommitRequest"
+    " | kio.schema.txn_offset_commit.v3.request.TxnOffsetCommitRequest"
+)
+TxnOffsetCommitResponse: TypeAlias = (
+    "kio.schema.txn_offset_commit.v0.response.TxnOffsetCommitResponse"
+    " | kio.schema.txn_offset_commit.v1.response.TxnOffsetCommitResponse"
+    " | kio.schema.txn_offset_commit.v2.response.TxnOffsetCommitResponse"
+    " | kio.schema.txn_offset_commit.v3.response.TxnOffsetCommitResponse"
+)
+TXN_OFFSET_COMMIT: ApiTypes[TxnOffsetCommitRequest, TxnOffsetCommitResponse] = ApiTypes(28)

@@ -32,6 +32,7 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
 from broker.protocol.codec import RequestHead, response_type
 from broker.schemavalidation import SchemaValidator
+from broker.txn.coordinator import TxnCoordinator
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -77,6 +78,7 @@ class BrokerContext:
     groups: GroupCoordinator
     offsets: OffsetStore
     schemas: SchemaValidator | None = None  # produce's schema validation (None: never checks)
+    txn: TxnCoordinator | None = None  # the transaction coordinator (None: no transactions)
 
     @property
     def max_wait_cap_s(self) -> float:

@@ -1,9 +1,13 @@
-"""Fetch (1): long-poll reads of committed data within max_bytes / partition_max_bytes."""
+"""Fetch (1): long-poll reads of committed data within max_bytes / partition_max_bytes;
+with isolation_level read_committed only up to the last stable offset, with the aborted
+transactions of the range served (clients drop their records). ListOffsets (2)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+
+from kio.schema.list_offsets.v1 import request as list_offsets_v1
 
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.apitypes import (
@@ -16,6 +20,9 @@ from broker.handlers.apitypes import (
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, Later, Reply, api, build, nested, resp
 from broker.protocol.codec import RequestHead
+from broker.protocol.records import iter_headers
+
+READ_COMMITTED = 1
 
 
 @api(FETCH, 4, 12)
@@ -45,6 +52,8 @@ async def _collect(
     storage = ctx.storage
     part_cls = nested(head, "PartitionData")
     topic_cls = nested(head, "FetchableTopicResponse")
+    aborted_cls = nested(head, "AbortedTransaction")
+    committed = req.isolation_level == READ_COMMITTED
     budget = max(req.max_bytes, 0)
     total = 0
     errors = False
@@ -52,7 +61,8 @@ async def _collect(
     for t in req.topics:
         parts = []
         for p in t.partitions:
-            code, hw, start, data = ErrorCode.none, -1, -1, b""
+            code, hw, start, lso, data = ErrorCode.none, -1, -1, -1, b""
+            aborted: list[tuple[int, int]] = []
             try:
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
@@ -65,6 +75,12 @@ async def _collect(
                     )
                 # after the read: the high watermark answered is never below a record served
                 start, hw = storage.offsets(t.topic, p.partition)
+                lso = storage.last_stable_offset(t.topic, p.partition)
+                if committed:  # aborted ranges taken with (after) the LSO: see _below
+                    data = _below(data, lso)
+                    aborted = storage.aborted_transactions(
+                        t.topic, p.partition, p.fetch_offset, lso
+                    )
             except KafkaError as e:
                 code, errors = e.code, True
             total += len(data)
@@ -74,9 +90,14 @@ async def _collect(
                     partition_index=p.partition,
                     error_code=code,
                     high_watermark=hw,
-                    last_stable_offset=hw,
+                    last_stable_offset=lso,
                     log_start_offset=start,
-                    aborted_transactions=None if code else (),
+                    aborted_transactions=None
+                    if code or not committed
+                    else tuple(
+                        build(aborted_cls, producer_id=pid, first_offset=first)
+                        for pid, first in aborted
+                    ),
                     preferred_read_replica=-1,
                     records=data,
                 )
@@ -92,6 +113,18 @@ async def _collect(
     return response, total, errors
 
 
+def _below(data: bytes, lso: int) -> bytes:
+    """The batches of `data` that end below the last stable offset. A transaction open when
+    the LSO was taken has its records at or above it; one closed by then has its marker
+    durable, so its abort (if it aborted) is in the aborted ranges taken after the LSO."""
+    end = 0
+    for h in iter_headers(data):
+        if h.last_offset >= lso:
+            break
+        end = h.position + h.size
+    return data if end == len(data) else data[:end]
+
+
 @api(LIST_OFFSETS, 1, 8)
 async def list_offsets(
     ctx: BrokerContext, head: RequestHead, req: ListOffsetsRequest
@@ -99,6 +132,10 @@ async def list_offsets(
     storage = ctx.storage
     part_cls = nested(head, "ListOffsetsPartitionResponse")
     topic_cls = nested(head, "ListOffsetsTopicResponse")
+    committed = (
+        not isinstance(req, list_offsets_v1.ListOffsetsRequest)
+        and req.isolation_level == READ_COMMITTED
+    )
     topics = []
     for t in req.topics:
         parts = []
@@ -106,8 +143,10 @@ async def list_offsets(
             code, offset, ts = ErrorCode.none, -1, -1
             try:
                 start, end = storage.offsets(t.name, p.partition_index)
-                if p.timestamp == -1:  # latest
-                    offset = end
+                if p.timestamp == -1:  # latest (read_committed: the last stable offset)
+                    offset = storage.last_stable_offset(t.name, p.partition_index) if (
+                        committed
+                    ) else end
                 elif p.timestamp in (-2, -4):  # earliest, earliest local
                     offset = start
                 elif p.timestamp == -3 or p.timestamp >= 0:  # max timestamp / by time

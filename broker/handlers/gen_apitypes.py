@@ -33,7 +33,8 @@ from broker.handlers.base import ApiTypes
 
 def _alias(name: str, parts: list[str]) -> str:
     if len(parts) == 1:
-        return f'{name}: TypeAlias = "{parts[0]}"\n'
+        line = f'{name}: TypeAlias = "{parts[0]}"\n'
+        return line if len(line) <= 101 else f'{name}: TypeAlias = (\n    "{parts[0]}"\n)\n'
     lines = [f'    "{parts[0]}"'] + [f'    " | {p}"' for p in parts[1:]]
     return f"{name}: TypeAlias = (\n" + "\n".join(lines) + "\n)\n"
 

@@ -37,8 +37,8 @@ async def find_coordinator(
 ) -> FindCoordinatorResponse:
     key_type = 0 if isinstance(req, FindCoordinatorV0) else req.key_type
     code, message = ErrorCode.none, None
-    if key_type != 0:
-        code, message = ErrorCode.invalid_request, "only group coordinators (key type 0) exist"
+    if key_type not in (0, 1):  # groups, transactions: both coordinated by this broker
+        code, message = ErrorCode.invalid_request, "only group and transaction coordinators"
     node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == 0 else (-1, "", -1)
     if isinstance(req, FindCoordinatorV4):
         coord = nested(head, "Coordinator")

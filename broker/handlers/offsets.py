@@ -10,6 +10,7 @@ from kio.schema.offset_commit.v3 import request as commit_v3
 from kio.schema.offset_commit.v4 import request as commit_v4
 from kio.schema.offset_commit.v5 import request as commit_v5
 from kio.schema.offset_commit.v6 import request as commit_v6
+from kio.schema.offset_fetch.v7 import request as fetch_v7
 from kio.schema.offset_fetch.v8 import request as fetch_v8
 
 from broker.errors import ErrorCode, KafkaError
@@ -127,7 +128,11 @@ def _fetch_group(
     topics: dict[str, list[int]] | None,
     part_name: str,
     topic_name: str,
+    require_stable: bool,
 ) -> tuple[Entity, ...]:
+    """The group's committed offsets; with require_stable (read_committed consumers), a
+    partition with a transactional offset still pending answers UNSTABLE_OFFSET_COMMIT (the
+    client asks again once its transaction ended)."""
     part_cls = nested(head, part_name)
     topic_cls = nested(head, topic_name)
     if topics is None:  # all committed offsets of the group
@@ -141,6 +146,9 @@ def _fetch_group(
         parts = []
         for p in partitions:
             row = ctx.offsets.get(group_id, name, p)
+            code = ErrorCode.none
+            if require_stable and ctx.txn and ctx.txn.has_pending_offset(group_id, name, p):
+                row, code = None, ErrorCode.unstable_offset_commit
             parts.append(
                 build(
                     part_cls,
@@ -148,7 +156,7 @@ def _fetch_group(
                     committed_offset=row.committed_offset if row else -1,
                     committed_leader_epoch=row.leader_epoch if row else -1,
                     metadata=(row.metadata or "") if row else "",
-                    error_code=ErrorCode.none,
+                    error_code=code,
                 )
             )
         out.append(build(topic_cls, name=name, partitions=tuple(parts)))
@@ -173,6 +181,7 @@ async def offset_fetch(
                     _wanted(g.topics),
                     "OffsetFetchResponsePartitions",
                     "OffsetFetchResponseTopics",
+                    req.require_stable,
                 ),
             )
             for g in req.groups
@@ -185,6 +194,7 @@ async def offset_fetch(
         _wanted(req.topics),
         "OffsetFetchResponsePartition",
         "OffsetFetchResponseTopic",
+        isinstance(req, fetch_v7.OffsetFetchRequest) and req.require_stable,
     )
     return build(
         resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=topics, error_code=ErrorCode.none

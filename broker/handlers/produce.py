@@ -23,8 +23,11 @@ from broker.handlers.base import (
     nested_or_none,
     resp,
 )
+from broker.handlers.txn import coordinator
 from broker.protocol.codec import RequestHead
+from broker.protocol.records import CorruptBatchError, read_header
 from broker.schemavalidation import InvalidRecords
+from broker.txn.markers import is_transactional
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -40,11 +43,7 @@ async def produce(
             try:
                 if req.acks not in (0, 1, -1):
                     raise KafkaError(ErrorCode.invalid_required_acks, f"acks={req.acks}")
-                if req.transactional_id is not None:
-                    raise KafkaError(
-                        ErrorCode.transactional_id_authorization_failed,
-                        "transactions are not supported yet",
-                    )
+                _check_transactional(ctx, req.transactional_id, td.name, pd.index, pd.records)
                 if ctx.schemas is not None and pd.records:
                     # awaited before this partition's append: see broker/schemavalidation.py
                     await ctx.schemas.check(td.name, pd.records, storage.topic(td.name).config)
@@ -61,6 +60,29 @@ async def produce(
         return NO_RESPONSE
     timeout = max(req.timeout.total_seconds(), 0.001)
     return Later(_respond(ctx, head, entries, timeout))
+
+
+def _check_transactional(
+    ctx: BrokerContext, tid: str | None, topic: str, partition: int, data: bytes | None
+) -> None:
+    """A transactional batch comes with its transactional id, from the id's current producer
+    and epoch, to a partition of its open transaction (KIP-890 part 1); clients never send
+    control batches."""
+    try:
+        h = read_header(data) if data else None
+    except CorruptBatchError:
+        return  # the append answers CORRUPT_MESSAGE
+    if h is None:
+        return
+    if h.is_control:
+        raise KafkaError(ErrorCode.invalid_record, "clients may not write control batches")
+    if tid is None:
+        if is_transactional(h):
+            raise KafkaError(ErrorCode.invalid_record, "transactional batch without an id")
+        return
+    if not is_transactional(h) or h.producer_id < 0:
+        raise KafkaError(ErrorCode.invalid_record, "a transactional produce of a plain batch")
+    coordinator(ctx).check_write(tid, h.producer_id, h.producer_epoch, topic, partition)
 
 
 async def _respond(

@@ -5,6 +5,7 @@ its transaction plumbing; s3stream itself knows only streams, objects and chunks
 - .store: `KafkaMetadata`, wrapping an s3stream `MetadataStore`;
 - .producers: producer rows written inside the WAL commit (a s3stream CommitAttachment);
 - .offsets: committed group offsets;
+- .txns: the transaction coordinator's state and pending transactional offsets;
 - .schema: the tables and their migrations (component "broker.metadata");
 - .model: the rows.
 """
@@ -21,6 +22,7 @@ from broker.metadata.model import (
 from broker.metadata.producers import ProducerRows, producer_rows
 from broker.metadata.schema import COMPONENT
 from broker.metadata.store import KafkaMetadata, KafkaState, StreamsState
+from broker.metadata.txns import PendingOffsetRow, TxnRow
 
 __all__ = [
     "COMPONENT",
@@ -29,9 +31,11 @@ __all__ = [
     "KafkaState",
     "OffsetRow",
     "PartitionRow",
+    "PendingOffsetRow",
     "ProducerBatchRow",
     "ProducerRows",
     "StreamsState",
     "TopicRow",
+    "TxnRow",
     "producer_rows",
 ]

@@ -84,4 +84,26 @@ CREATE TABLE kafka_brokers(
 INSERT INTO kafka_meta(key, value) VALUES ('controller', '')
 """
 
-COMPONENT = Component("broker.metadata", [_create_and_move, sql_migration(CLUSTER)])
+# 3: transactions (broker.txn). `kafka_transactions`: the coordinator's state of each
+# transactional id (producer id, epoch, state, the partitions and groups of its open
+# transaction as JSON, its timeout, when it began and last changed), so that any broker can
+# take the coordinator over; `kafka_txn_offsets`: TxnOffsetCommit offsets pending until their
+# transaction commits (moved into kafka_group_offsets then, dropped on abort);
+# `kafka_txn_streams`: partitions that ever took part in a transaction (their open
+# transactions and aborted ranges are rebuilt from the log when a broker loads them).
+TXNS = """
+CREATE TABLE kafka_transactions(
+    transactional_id TEXT PRIMARY KEY, producer_id {int} NOT NULL, epoch {int} NOT NULL,
+    state TEXT NOT NULL, partitions TEXT NOT NULL, groups TEXT NOT NULL,
+    timeout_ms {int} NOT NULL, start_ms {int} NOT NULL, update_ms {int} NOT NULL);
+CREATE TABLE kafka_txn_offsets(
+    transactional_id TEXT NOT NULL, group_id TEXT NOT NULL, topic TEXT NOT NULL,
+    partition {int} NOT NULL, committed_offset {int} NOT NULL, leader_epoch {int} NOT NULL,
+    metadata TEXT,
+    PRIMARY KEY(transactional_id, group_id, topic, partition)){without_rowid};
+CREATE TABLE kafka_txn_streams(stream_id {int} PRIMARY KEY)
+"""
+
+COMPONENT = Component(
+    "broker.metadata", [_create_and_move, sql_migration(CLUSTER), sql_migration(TXNS)]
+)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from broker.metadata.model import PartitionRow, ProducerBatchRow, TopicRow
 from broker.metadata.offsets import GroupOffsetsMixin
 from broker.metadata.schema import COMPONENT
+from broker.metadata.txns import TxnStateMixin
 from s3stream.metadata import ChunkRow, MetadataError, MetadataStore, StreamRow
 from s3stream.metadata.base import marks
 
@@ -43,7 +44,7 @@ class StreamsState:
     producers: list[ProducerBatchRow]
 
 
-class KafkaMetadata(GroupOffsetsMixin):
+class KafkaMetadata(GroupOffsetsMixin, TxnStateMixin):
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
 

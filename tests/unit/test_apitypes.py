@@ -81,6 +81,10 @@ def test_nested_names_are_checked() -> None:
 OVERRIDES: dict[str, object] = {
     "ProduceRequest.acks": 1,
     "transactional_id": None,
+    # the transaction APIs need one (ctx has no coordinator: they answer an error)
+    "EndTxnRequest.transactional_id": "tx",
+    "AddOffsetsToTxnRequest.transactional_id": "tx",
+    "TxnOffsetCommitRequest.transactional_id": "tx",
     "records": bytes(make_batch([b"v"])),
     "max_wait": datetime.timedelta(0),
     "min_bytes": 0,

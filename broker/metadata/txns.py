@@ -1,0 +1,143 @@
+"""The transaction coordinator's durable state (broker.txn): one row per transactional id,
+the TxnOffsetCommit offsets pending until their transaction ends, and the partitions that
+ever took part in a transaction (see .schema, migration 3).
+
+Every method is one metadata transaction: the state written when a transaction ends and the
+move of its pending offsets into the committed group offsets land together or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from broker.metadata.model import OffsetRow
+from s3stream.metadata import MetadataStore
+from s3stream.metadata.base import marks
+
+
+@dataclass(frozen=True, slots=True)
+class TxnRow:
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    state: str
+    partitions: tuple[tuple[str, int], ...]
+    groups: tuple[str, ...]
+    timeout_ms: int
+    start_ms: int
+    update_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOffsetRow:
+    """A TxnOffsetCommit offset, visible to groups only once its transaction commits."""
+
+    transactional_id: str
+    group_id: str
+    topic: str
+    partition: int
+    committed_offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+def _values(r: TxnRow) -> tuple[object, ...]:
+    return (r.transactional_id, r.producer_id, r.epoch, r.state,
+            json.dumps([list(p) for p in r.partitions]), json.dumps(list(r.groups)),
+            r.timeout_ms, r.start_ms, r.update_ms)
+
+
+class TxnStateMixin:
+    store: MetadataStore
+
+    def _load_txns(self) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
+        with self.store._txn(read_only=True) as db:
+            rows = [TxnRow(tid, pid, epoch, state,
+                           tuple((str(t), int(p)) for t, p in json.loads(parts)),
+                           tuple(json.loads(groups)), timeout, start, update)
+                    for tid, pid, epoch, state, parts, groups, timeout, start, update
+                    in db.execute("SELECT transactional_id, producer_id, epoch, state,"
+                                  " partitions, groups, timeout_ms, start_ms, update_ms"
+                                  " FROM kafka_transactions")]
+            pending = [PendingOffsetRow(*r) for r in db.execute(
+                "SELECT transactional_id, group_id, topic, partition, committed_offset,"
+                " leader_epoch, metadata FROM kafka_txn_offsets")]
+        return rows, pending
+
+    async def load_txns(self) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
+        """Every transactional id's state and every pending transactional offset."""
+        return await self.store._run(self._load_txns)
+
+    def _save_txn(self, row: TxnRow, new_partitions: list[tuple[str, int]]) -> None:
+        with self.store._txn() as db:
+            db.execute(
+                "INSERT INTO kafka_transactions VALUES (?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (transactional_id) DO UPDATE SET producer_id=excluded.producer_id,"
+                " epoch=excluded.epoch, state=excluded.state, partitions=excluded.partitions,"
+                " groups=excluded.groups, timeout_ms=excluded.timeout_ms,"
+                " start_ms=excluded.start_ms, update_ms=excluded.update_ms", _values(row))
+            for topic, partition in new_partitions:
+                db.execute(
+                    "INSERT INTO kafka_txn_streams(stream_id) SELECT stream_id FROM"
+                    " kafka_partitions WHERE topic=? AND partition=?"
+                    " ON CONFLICT (stream_id) DO NOTHING", (topic, partition))
+
+    async def save_txn(self, row: TxnRow, new_partitions: list[tuple[str, int]]) -> None:
+        """Write a transactional id's state; `new_partitions` are remembered as partitions
+        holding transactional data (durable before any of it can be appended)."""
+        await self.store._run(self._save_txn, row, new_partitions)
+
+    def _add_txn_offsets(self, rows: list[PendingOffsetRow]) -> None:
+        with self.store._txn() as db:
+            db.executemany(
+                "INSERT INTO kafka_txn_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
+                " (transactional_id, group_id, topic, partition) DO UPDATE SET"
+                " committed_offset=excluded.committed_offset,"
+                " leader_epoch=excluded.leader_epoch, metadata=excluded.metadata",
+                [(r.transactional_id, r.group_id, r.topic, r.partition, r.committed_offset,
+                  r.leader_epoch, r.metadata) for r in rows])
+
+    async def add_txn_offsets(self, rows: list[PendingOffsetRow]) -> None:
+        await self.store._run(self._add_txn_offsets, rows)
+
+    def _end_txn(self, row: TxnRow, commit: bool) -> list[OffsetRow]:
+        now = int(time.time() * 1000)
+        with self.store._txn() as db:
+            pending = [PendingOffsetRow(*r) for r in db.execute(
+                "SELECT transactional_id, group_id, topic, partition, committed_offset,"
+                " leader_epoch, metadata FROM kafka_txn_offsets WHERE transactional_id=?",
+                (row.transactional_id,))]
+            moved = [OffsetRow(p.group_id, p.topic, p.partition, p.committed_offset,
+                               p.leader_epoch, p.metadata, now) for p in pending] if commit else []
+            db.executemany(
+                "INSERT INTO kafka_group_offsets VALUES (?,?,?,?,?,?,?) ON CONFLICT"
+                " (group_id, topic, partition) DO UPDATE SET"
+                " committed_offset=excluded.committed_offset,"
+                " leader_epoch=excluded.leader_epoch, metadata=excluded.metadata,"
+                " commit_ms=excluded.commit_ms",
+                [(r.group_id, r.topic, r.partition, r.committed_offset, r.leader_epoch,
+                  r.metadata, r.commit_ms) for r in moved])
+            db.execute("DELETE FROM kafka_txn_offsets WHERE transactional_id=?",
+                       (row.transactional_id,))
+            db.execute("UPDATE kafka_transactions SET producer_id=?, epoch=?, state=?,"
+                       " partitions=?, groups=?, timeout_ms=?, start_ms=?, update_ms=?"
+                       " WHERE transactional_id=?", (*_values(row)[1:], row.transactional_id))
+        return moved
+
+    async def end_txn(self, row: TxnRow, commit: bool) -> list[OffsetRow]:
+        """Write the transaction's completed state and, when it committed, move its pending
+        offsets into the committed group offsets (returned); on abort they are dropped."""
+        return await self.store._run(self._end_txn, row, commit)
+
+    def _txn_streams(self, stream_ids: list[int]) -> set[int]:
+        if not stream_ids:
+            return set()
+        return {int(s) for (s,) in self.store.db.execute(
+            f"SELECT stream_id FROM kafka_txn_streams WHERE stream_id IN"
+            f" ({marks(len(stream_ids))})", stream_ids)}
+
+    async def txn_streams(self, stream_ids: list[int]) -> set[int]:
+        """Those of `stream_ids` that ever held transactional data."""
+        return await self.store._run(self._txn_streams, stream_ids)
