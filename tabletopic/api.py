@@ -97,5 +97,6 @@ class TableApi:
                 raise OperationError(f"{topic} is an upsert table: replay-dlq appends rows and "
                                      "does not merge them by key yet")
             self.replay.schemas = ops.tables.schemas
-            return await self.replay.run(topic, cfg, q.get("dry_run") == "true")
+            return await self.replay.run(topic, cfg, q.get("dry_run") == "true",
+                                         lambda: ops.held(topic, "replay-dlq"))
         raise LookupError(f"no route POST /tables/{topic}/{action}")

@@ -6,7 +6,8 @@ The dead-letter topic (tabletopic.dlq) keeps each record's key, value and header
 the original record (source partition, offset and timestamp, the headers without floe's), and
 converts it with the topic's current settings. Rows go in only for records the table does not
 hold yet, checked on the snapshot the replay commits on: the commit asserts that snapshot (and
-the table UUID, schema id), so a writer or Spark commit in between makes it start again. So a
+the table UUID, schema id), so a writer or Spark commit in between makes it start again
+(after two such races with the table's writer held: tabletopic.ops). So a
 dead letter lands at most once whatever happens around it (repeated replays, a rollback that
 re-materialised the record from the log, a crash between replays). The records still bad stay
 in the dead-letter topic, with the reason they fail now in the answer.
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,8 @@ from tabletopic.schemaconvert import SchemaById
 from tabletopic.writer import TableWriter
 
 ATTEMPTS = 5  # replays that lost a race to another commit start again, this many times
+UNHELD_ATTEMPTS = 2  # then with the writer held
+Hold = Callable[[], AbstractAsyncContextManager[None]]
 
 
 @dataclass(frozen=True)
@@ -128,10 +133,17 @@ class DlqReplay:
         self.catalog = catalog
         self.schemas = schemas
 
-    async def run(self, topic: str, cfg: TableTopicConfig, dry_run: bool) -> dict[str, Any]:
-        for _ in range(ATTEMPTS):
+    async def run(
+        self, topic: str, cfg: TableTopicConfig, dry_run: bool, hold: Hold | None = None
+    ) -> dict[str, Any]:
+        """Replay (see the module docstring). A replay that loses UNHELD_ATTEMPTS races to the
+        writer's commits tries again with the writer held (`hold()`, tabletopic.ops)."""
+        for attempt in range(ATTEMPTS):
             try:
-                return await self._attempt(topic, cfg, dry_run)
+                if hold is None or attempt < UNHELD_ATTEMPTS:
+                    return await self._attempt(topic, cfg, dry_run)
+                async with hold():
+                    return await self._attempt(topic, cfg, dry_run)
             except CommitFailedException:
                 continue  # the table moved under us: look again
         raise OperationError(f"replay of {topic}'s dead letters lost {ATTEMPTS} commit races")

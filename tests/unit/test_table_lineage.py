@@ -3,19 +3,23 @@ over rewinds and rollbacks, and the pause state in the metadata store (SQLite, P
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
 
 from broker.metadata.tablestate import TableStates
 from s3stream.metadata import open_metadata_store
 from tabletopic.api import parse_from
 from tabletopic.commit import commit_offsets
 from tabletopic.lineage import lineage, locate, render
-from tabletopic.replay import ranges
+from tabletopic.ops import OperationError
+from tabletopic.replay import DlqReplay, ranges
 
 IDENT = ("ns", "t")
 SCHEMA = pa.schema([pa.field("partition", pa.int32()), pa.field("offset", pa.int64())])
@@ -107,3 +111,41 @@ async def test_pause_state_in_the_metadata_store(meta_url: str) -> None:
         assert set(await states.all()) == {"b"}
     finally:
         await store.close()
+
+
+class Racing(DlqReplay):
+    """A replay whose first `losses` attempts lose a commit race; records whether each attempt
+    ran with the writer held."""
+
+    def __init__(self, losses: int) -> None:
+        super().__init__(None, None, None)  # type: ignore[arg-type]
+        self.losses, self.held = losses, False
+        self.attempts: list[bool] = []
+
+    async def _attempt(self, topic: str, cfg: Any, dry_run: bool) -> dict[str, Any]:
+        self.attempts.append(self.held)
+        if len(self.attempts) <= self.losses:
+            raise CommitFailedException("the table moved")
+        return {"ok": True}
+
+
+async def test_replay_holds_the_writer_after_lost_races() -> None:
+    def hold(r: Racing) -> Any:
+        @asynccontextmanager
+        async def held() -> AsyncIterator[None]:
+            r.held = True
+            try:
+                yield
+            finally:
+                r.held = False
+        return held
+
+    r = Racing(losses=1)
+    assert await r.run("t", None, False, hold(r)) == {"ok": True}  # type: ignore[arg-type]
+    assert r.attempts == [False, False]
+    r = Racing(losses=3)
+    assert await r.run("t", None, False, hold(r)) == {"ok": True}  # type: ignore[arg-type]
+    assert r.attempts == [False, False, True, True]
+    r = Racing(losses=9)
+    with pytest.raises(OperationError, match="lost 5 commit races"):
+        await r.run("t", None, False, hold(r))  # type: ignore[arg-type]
