@@ -1,0 +1,99 @@
+"""The cluster's rows (broker.cluster.tables) on SQLite and PostgreSQL: registration, the
+controller role, leader assignment by the controller's heartbeat, a dead broker's partitions
+moving, graceful leave, and a second process of one node id fencing the first."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from broker.cluster import tables
+from broker.cluster.model import NO_LEADER, Leader, Snapshot
+from broker.metadata import KafkaMetadata
+from s3stream.metadata import open_metadata_store
+from s3stream.metadata.backend import Connection
+from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
+
+T = TypeVar("T")
+NOW = 1_000_000
+A = tables.Me(1, "a", None, 2000)
+B = tables.Me(2, "b", "rack-b", 2000)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def kafka(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KafkaMetadata]:
+    url = (f"sqlite:///{tmp_path / 'meta.db'}" if request.param == "sqlite"
+           else str(request.getfixturevalue("pg_url")))
+    k = KafkaMetadata(open_metadata_store(url))
+    await k.open()
+    await k.create_topic("t", 4, {})
+    yield k
+    await k.close()
+
+
+async def txn(k: KafkaMetadata, fn: Callable[[Connection], T]) -> T:
+    def run() -> T:
+        with k.store._txn() as db:
+            return fn(db)
+    return await k.store._run(run)
+
+
+async def beat(k: KafkaMetadata, me: tables.Me, now: int) -> Snapshot:
+    return await txn(k, lambda db: tables.heartbeat(db, me, now, k.store.for_update))
+
+
+def led(snap: Snapshot) -> dict[int, int]:
+    return {n: sum(1 for lead in snap.view.leaders.values() if lead.node_id == n)
+            for n in {lead.node_id for lead in snap.view.leaders.values()}}
+
+
+async def test_controller_assigns_moves_a_dead_brokers_partitions_and_leave_hands_over(
+    kafka: KafkaMetadata,
+) -> None:
+    await txn(kafka, lambda db: tables.register(db, A, NOW))
+    await txn(kafka, lambda db: tables.advertise(db, A, "h", 1))
+    first = await beat(kafka, A, NOW)
+    assert first.view.controller == 1 and led(first) == {1: 4}
+    assert {lead.epoch for lead in first.view.leaders.values()} == {1}
+    await txn(kafka, lambda db: tables.register(db, B, NOW))
+    await txn(kafka, lambda db: tables.advertise(db, B, "h", 2))
+    assert (await beat(kafka, B, NOW)).view.controller == 1  # A is alive: stays controller
+    balanced = await beat(kafka, A, NOW + 100)
+    assert led(balanced) == {1: 2, 2: 2}
+    assert [b.rack for b in balanced.view.brokers] == [None, "rack-b"]
+    moved = {s for s, lead in balanced.view.leaders.items() if lead.node_id == 2}
+    assert {balanced.view.leaders[s].epoch for s in moved} == {2}
+
+    # A stops renewing: once its lease ran out, B's heartbeat takes the controller role and
+    # A's partitions, each with the next epoch
+    later = await beat(kafka, B, NOW + 2500)
+    assert later.view.controller == 2 and led(later) == {2: 4}
+    assert [b.node_id for b in later.view.brokers] == [2]
+    assert all(later.view.leaders[s] == Leader(2, 2) for s in later.view.leaders
+               if s not in moved)
+
+    # B leaves gracefully: no leader, next epoch, no controller, no lease
+    assert await txn(kafka, lambda db: tables.leave(db, B)) == 4
+    after = await beat(kafka, A, NOW + 2600)  # A (renewing again) sees it
+    assert after.registered and after.view.controller == 1
+    assert led(after) == {1: 4}  # ...and, controller again, places them at once
+    assert all(lead.epoch == 4 for lead in after.view.leaders.values())  # leave, assign
+
+
+async def test_a_second_process_of_a_node_id_fences_the_first(kafka: KafkaMetadata) -> None:
+    await txn(kafka, lambda db: tables.register(db, A, NOW))
+    first = await beat(kafka, A, NOW)
+    again = tables.Me(1, "a2", None, 2000)
+    await txn(kafka, lambda db: tables.register(db, again, NOW + 10))
+    stale = await beat(kafka, A, NOW + 20)
+    assert not stale.registered  # the first process learns it was replaced
+    assert await txn(kafka, lambda db: tables.leave(db, A)) == 0  # and cannot give anything up
+    fresh = await beat(kafka, again, NOW + 30)
+    assert fresh.registered and fresh.view.controller == 1
+    # every partition the old process led has a newer epoch: its commits are refused
+    assert all(fresh.view.leaders[s].epoch > first.view.leaders[s].epoch
+               for s in first.view.leaders)
+    assert NO_LEADER not in {lead.node_id for lead in fresh.view.leaders.values()}
