@@ -50,7 +50,7 @@ async def serve_admin(
                 code, ctype, data = 200, "application/json", json.dumps(status()).encode()
             elif path == "/":
                 code, ctype, data = 200, "text/html; charset=utf-8", await _console(
-                    status(), tables)
+                    status(), tables, metrics().decode())
             else:
                 code, ctype, data = 404, "text/plain", b"try /, /metrics or /status\n"
             writer.write(
@@ -68,7 +68,7 @@ async def serve_admin(
     return await asyncio.start_server(handle, host, port, reuse_address=True)
 
 
-async def _console(doc: dict[str, Any], tables: TableRoutes | None) -> bytes:
+async def _console(doc: dict[str, Any], tables: TableRoutes | None, metrics: str) -> bytes:
     """The console page (broker/console.py) with each table topic's snapshots, each lineage
     bounded by LINEAGE_TIMEOUT_S (the catalog may be slow or down: the page still renders)."""
     from broker.console import page
@@ -81,4 +81,4 @@ async def _console(doc: dict[str, Any], tables: TableRoutes | None) -> bytes:
                 tables("GET", f"/tables/{t['topic']}/lineage", {}), LINEAGE_TIMEOUT_S)
         except TimeoutError:
             lineages[t["topic"]] = {"error": f"no answer within {LINEAGE_TIMEOUT_S:g} s"}
-    return page(doc, lineages)
+    return page(doc, lineages, metrics)

@@ -2,8 +2,9 @@
 step) made from the same documents as `/status` and `/tables/T/lineage`, refreshed by the
 browser every 5 s: the health of what the broker depends on, and per table topic the writer's
 state, lag and per-stage freshness per partition, dead letters, errors and the latest
-snapshots with the offsets each holds. Elements a test or a script may read carry ids:
-`lag-T-P`, `lag-seconds-T-P`, `dlq-T`, `state-T`."""
+snapshots with the offsets each holds; from the `/metrics` exposition, object-store requests
+and errors by operation and consumer groups with their lag. Elements a test or a script may
+read carry ids: `lag-T-P`, `lag-seconds-T-P`, `dlq-T`, `state-T`, `group-lag-G-T-P`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import datetime
 import html
 import time
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
@@ -24,8 +27,9 @@ def e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]]) -> bytes:
-    """The console for a /status document and the lineage of (some of) its table topics."""
+def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]], metrics: str = "") -> bytes:
+    """The console for a /status document, the lineage of (some of) its table topics and the
+    /metrics exposition (consumer groups, object store)."""
     now = time.time()
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -35,14 +39,64 @@ def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]]) -> bytes:
         "<a href='/status'>/status</a> &middot; <a href='/metrics'>/metrics</a></p>",
     ]
     out += _health(status.get("health", {}))
+    samples = _samples(metrics)
+    out += _object_store(samples)
     tables = status.get("tables", [])
     out.append(f"<h2>Table topics ({len(tables)})</h2>")
     if not tables:
         out.append("<p class='muted'>none</p>")
     for t in tables:
         out += _table(t, lineages.get(t["topic"]), now)
+    out += _groups(samples)
     out.append("</body></html>")
     return "\n".join(out).encode()
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _samples(metrics: str) -> Samples:
+    """{sample name: [(labels, value)]} of a Prometheus exposition."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def _object_store(samples: Samples) -> list[str]:
+    errors = {labels.get("op", ""): v
+              for labels, v in samples.get("floe_object_store_errors_total", [])}
+    rows = sorted((labels.get("op", ""), v) for labels, v in samples.get(
+        "floe_object_store_requests_total", []))
+    if not rows:
+        return []
+    out = ["<h2>Object store requests</h2><table><tr><th class='l'>op</th><th>requests</th>"
+           "<th>errors</th></tr>"]
+    for op, n in rows:
+        err = errors.get(op, 0.0)
+        out.append(f"<tr><td class='l'>{e(op)}</td><td>{n:.0f}</td>"
+                   f"<td class='{'bad' if err else ''}'>{err:.0f}</td></tr>")
+    out.append("</table>")
+    return out
+
+
+def _groups(samples: Samples) -> list[str]:
+    committed = {(d["group"], d["topic"], d["partition"]): v
+                 for d, v in samples.get("floe_group_committed_offset", [])}
+    lags = sorted(((d["group"], d["topic"], d["partition"]), v)
+                  for d, v in samples.get("floe_group_lag_records", []))
+    out = [f"<h2>Consumer groups ({len({k[0] for k, _ in lags})})</h2>"]
+    if not lags:
+        return [*out, "<p class='muted'>no committed offsets</p>"]
+    out.append("<table><tr><th class='l'>group</th><th class='l'>topic</th><th>partition</th>"
+               "<th>committed</th><th>lag (records)</th></tr>")
+    for (g, t, p), lag in lags:
+        out.append(f"<tr><td class='l'>{e(g)}</td><td class='l'>{e(t)}</td><td>{e(p)}</td>"
+                   f"<td>{committed.get((g, t, p), 0):.0f}</td>"
+                   f"<td id='group-lag-{e(g)}-{e(t)}-{e(p)}'>{lag:.0f}</td></tr>")
+    out.append("</table>")
+    return out
 
 
 def _at(ts: float) -> str:

@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.tableops import (
@@ -65,6 +66,12 @@ def test_console_shows_lag_dlq_and_freshness(tmp_path: Path) -> None:
         wait_keys(data, "web", set(acked) - bad)
         wait_status(admin, "web", lambda s: s["dead_letters"] == 3)
 
+        # a consumer group that read partition 0 up to offset 15
+        group = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "g1",
+                          "enable.auto.commit": False})
+        group.commit(offsets=[TopicPartition("web", 0, 15)], asynchronous=False)
+        group.close()
+
         # paused with records waiting: lag, and the stages' ages grow
         assert cli(admin, "pause", "web", "--reason", "console check")[0] == 0
         wait_status(admin, "web", lambda s: s["paused"] == "console check")
@@ -81,6 +88,8 @@ def test_console_shows_lag_dlq_and_freshness(tmp_path: Path) -> None:
         assert "PAUSED: console check" in ids.text["state-web"]
         assert ids.text["healthy"] == "healthy"
         assert str(current_snapshot(data, "web")) + " (current)" in body
+        assert ids.text["group-lag-g1-web-0"] == str(32 - 15)  # 22 + 10 records in partition 0
+        assert "Object store requests" in body
         fresh = st["freshness"]["partitions"]
         assert [f["converted_offset"] for f in fresh] == [22, 21]
         assert all(f["ack_to_converted_seconds"] >= 1.0 for f in fresh)
