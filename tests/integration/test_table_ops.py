@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.integration.tableops import (
     cli,
@@ -98,6 +98,19 @@ def test_lineage_locate_pause_rollback_rebuild(tmp_path: Path) -> None:
         assert code == 1 and "log starts at 60" in err
         assert current_snapshot(data, "ops") == before
         assert status(admin, "ops")["paused"] is None
+        # a partition added after the snapshot is written again from offset 0: refused too
+        # once the log no longer starts there
+        no_p2 = current_snapshot(data, "ops")
+        kafka.create_partitions([NewPartitions("ops", 3)])["ops"].result(10)
+        wait_status(admin, "ops", lambda s: len(s["partitions"]) == 3)
+        p2 = produce(broker.bootstrap, "ops", [{"n": i} for i in range(200, 212)], 3)
+        wait_status(admin, "ops", lambda s: all(p["lag_records"] == 0 for p in s["partitions"]))
+        fresh = AdminClient({"bootstrap.servers": broker.bootstrap})  # knows partition 2
+        for f in fresh.delete_records([TopicPartition("ops", 2, 2)]).values():
+            f.result(10)
+        code, _, err = cli(admin, "rollback", "ops", "--to-snapshot", str(no_p2))
+        assert code == 1 and "partition 2: offset 0 is needed but the log starts at 2" in err
+        assert len(p2) == 12
         # bad arguments
         assert cli(admin, "rollback", "ops", "--to-snapshot", "12345")[0] == 1
         assert cli(admin, "rebuild", "ops")[0] == 2
