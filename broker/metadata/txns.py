@@ -4,6 +4,9 @@ ever took part in a transaction (see .schema, migration 3).
 
 Every method is one metadata transaction: the state written when a transaction ends and the
 move of its pending offsets into the committed group offsets land together or not at all.
+A state row is only written over the version its writer read (`update_ms`, strictly
+increasing per row): a coordinator acting on a stale copy (another broker took the id over and
+changed it) gets TxnConflictError and writes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ from dataclasses import dataclass
 from broker.metadata.model import OffsetRow
 from s3stream.metadata import MetadataStore
 from s3stream.metadata.base import marks
+
+
+class TxnConflictError(Exception):
+    """The transactional id's row is not the version the writer read (or, for a new one,
+    exists already): another coordinator changed it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,24 +78,45 @@ class TxnStateMixin:
         """Every transactional id's state and every pending transactional offset."""
         return await self.store._run(self._load_txns)
 
-    def _save_txn(self, row: TxnRow, new_partitions: list[tuple[str, int]]) -> None:
+    def _write(self, row: TxnRow, read_version: int | None) -> None:
+        db = self.store.db
+        if read_version is None:
+            written = db.execute("INSERT INTO kafka_transactions VALUES (?,?,?,?,?,?,?,?,?)"
+                                 " ON CONFLICT (transactional_id) DO NOTHING", _values(row))
+        else:
+            written = db.execute(
+                "UPDATE kafka_transactions SET producer_id=?, epoch=?, state=?, partitions=?,"
+                " groups=?, timeout_ms=?, start_ms=?, update_ms=?"
+                " WHERE transactional_id=? AND update_ms=?",
+                (*_values(row)[1:], row.transactional_id, read_version))
+        if written.rowcount != 1:
+            raise TxnConflictError(f"transactional id {row.transactional_id!r} changed")
+
+    def _load_txn(self, tid: str) -> TxnRow | None:
+        rows, _pending = self._load_txns()
+        return next((r for r in rows if r.transactional_id == tid), None)
+
+    async def load_txn(self, tid: str) -> TxnRow | None:
+        return await self.store._run(self._load_txn, tid)
+
+    def _save_txn(
+        self, row: TxnRow, new_partitions: list[tuple[str, int]], read_version: int | None
+    ) -> None:
         with self.store._txn() as db:
-            db.execute(
-                "INSERT INTO kafka_transactions VALUES (?,?,?,?,?,?,?,?,?)"
-                " ON CONFLICT (transactional_id) DO UPDATE SET producer_id=excluded.producer_id,"
-                " epoch=excluded.epoch, state=excluded.state, partitions=excluded.partitions,"
-                " groups=excluded.groups, timeout_ms=excluded.timeout_ms,"
-                " start_ms=excluded.start_ms, update_ms=excluded.update_ms", _values(row))
+            self._write(row, read_version)
             for topic, partition in new_partitions:
                 db.execute(
                     "INSERT INTO kafka_txn_streams(stream_id) SELECT stream_id FROM"
                     " kafka_partitions WHERE topic=? AND partition=?"
                     " ON CONFLICT (stream_id) DO NOTHING", (topic, partition))
 
-    async def save_txn(self, row: TxnRow, new_partitions: list[tuple[str, int]]) -> None:
-        """Write a transactional id's state; `new_partitions` are remembered as partitions
-        holding transactional data (durable before any of it can be appended)."""
-        await self.store._run(self._save_txn, row, new_partitions)
+    async def save_txn(
+        self, row: TxnRow, new_partitions: list[tuple[str, int]], read_version: int | None
+    ) -> None:
+        """Write a transactional id's state over the version read (None: a new id);
+        `new_partitions` are remembered as partitions holding transactional data (durable
+        before any of it can be appended)."""
+        await self.store._run(self._save_txn, row, new_partitions, read_version)
 
     def _add_txn_offsets(self, rows: list[PendingOffsetRow]) -> None:
         with self.store._txn() as db:
@@ -102,9 +131,10 @@ class TxnStateMixin:
     async def add_txn_offsets(self, rows: list[PendingOffsetRow]) -> None:
         await self.store._run(self._add_txn_offsets, rows)
 
-    def _end_txn(self, row: TxnRow, commit: bool) -> list[OffsetRow]:
+    def _end_txn(self, row: TxnRow, commit: bool, read_version: int) -> list[OffsetRow]:
         now = int(time.time() * 1000)
         with self.store._txn() as db:
+            self._write(row, read_version)
             pending = [PendingOffsetRow(*r) for r in db.execute(
                 "SELECT transactional_id, group_id, topic, partition, committed_offset,"
                 " leader_epoch, metadata FROM kafka_txn_offsets WHERE transactional_id=?",
@@ -121,15 +151,13 @@ class TxnStateMixin:
                   r.metadata, r.commit_ms) for r in moved])
             db.execute("DELETE FROM kafka_txn_offsets WHERE transactional_id=?",
                        (row.transactional_id,))
-            db.execute("UPDATE kafka_transactions SET producer_id=?, epoch=?, state=?,"
-                       " partitions=?, groups=?, timeout_ms=?, start_ms=?, update_ms=?"
-                       " WHERE transactional_id=?", (*_values(row)[1:], row.transactional_id))
         return moved
 
-    async def end_txn(self, row: TxnRow, commit: bool) -> list[OffsetRow]:
-        """Write the transaction's completed state and, when it committed, move its pending
-        offsets into the committed group offsets (returned); on abort they are dropped."""
-        return await self.store._run(self._end_txn, row, commit)
+    async def end_txn(self, row: TxnRow, commit: bool, read_version: int) -> list[OffsetRow]:
+        """Write the transaction's completed state (over the version read) and, when it
+        committed, move its pending offsets into the committed group offsets (returned); on
+        abort they are dropped."""
+        return await self.store._run(self._end_txn, row, commit, read_version)
 
     def _txn_streams(self, stream_ids: list[int]) -> set[int]:
         if not stream_ids:

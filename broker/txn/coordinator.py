@@ -23,7 +23,7 @@ import logging
 from broker.engine import StorageEngine
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import OffsetStore
-from broker.metadata.txns import PendingOffsetRow
+from broker.metadata.txns import PendingOffsetRow, TxnConflictError
 from broker.txn.state import MAX_EPOCH, MAX_TIMEOUT_MS, TxnBackend, TxnMeta, TxnState, now_ms
 
 log = logging.getLogger(__name__)
@@ -225,10 +225,30 @@ class TxnCoordinator:
             new.partitions, new.groups = set(), set()
         return new
 
+    def _next_version(self, meta: TxnMeta) -> int | None:
+        """Stamp meta with a new version (update_ms, above the one read); the one read."""
+        read = self.txns.get(meta.transactional_id)
+        version = None if read is None else read.update_ms
+        meta.update_ms = max(now_ms(), -1 if version is None else version + 1)
+        return version
+
+    async def _conflict(self, tid: str) -> KafkaError:
+        """Another coordinator changed the id's row: take its state as it now is."""
+        row = await self.backend.load_txn(tid)
+        if row is None:
+            self.txns.pop(tid, None)
+        else:
+            self.txns[tid] = TxnMeta.of(row)
+        log.warning("transactional id %r was changed by another coordinator", tid)
+        return KafkaError(ErrorCode.concurrent_transactions, f"{tid!r} changed meanwhile")
+
     async def _save(self, meta: TxnMeta, added: list[tuple[str, int]]) -> None:
-        """Durably, then in memory."""
-        meta.update_ms = now_ms()
-        await self.backend.save_txn(meta.row(), added)
+        """Durably (over the version read), then in memory."""
+        read = self._next_version(meta)
+        try:
+            await self.backend.save_txn(meta.row(), added, read)
+        except TxnConflictError:
+            raise await self._conflict(meta.transactional_id) from None
         self.txns[meta.transactional_id] = meta
 
     async def _end(self, meta: TxnMeta, commit: bool, fence: bool) -> None:
@@ -261,8 +281,13 @@ class TxnCoordinator:
                 raise KafkaError(ErrorCode.kafka_storage_error, f"markers failed: {failed!r}")
         new = copy.deepcopy(meta)
         new.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        new.partitions, new.groups, new.start_ms, new.update_ms = set(), set(), -1, now_ms()
-        moved = await self.backend.end_txn(new.row(), commit)
+        new.partitions, new.groups, new.start_ms = set(), set(), -1
+        read = self._next_version(new)
+        assert read is not None  # a prepared transaction's row exists
+        try:
+            moved = await self.backend.end_txn(new.row(), commit, read)
+        except TxnConflictError:
+            raise await self._conflict(new.transactional_id) from None
         self.txns[new.transactional_id] = new
         self.pending.pop(new.transactional_id, None)
         for r in moved:  # the committed offsets become what OffsetFetch answers

@@ -192,9 +192,10 @@ async def test_a_prepared_commit_is_finished_when_the_coordinator_starts(
     await b.txn.txn_offset_commit("p", "g", pid, epoch, [("t", 0, 1, -1, None)])
     await b.append("t", 0, txn_batch([b"a"], pid, epoch, 0))
     await b.append("t", 1, txn_batch([b"b"], pid, epoch, 0))
+    read = b.txn.txns["p"].update_ms
     prepared = TxnMeta.of(b.txn.txns["p"].row())
-    prepared.state = TxnState.PREPARE_COMMIT
-    await b.storage.kafka.save_txn(prepared.row(), [])
+    prepared.state, prepared.update_ms = TxnState.PREPARE_COMMIT, read + 1
+    await b.storage.kafka.save_txn(prepared.row(), [], read)
     await close(b)
 
     again = await open_broker(settings)
@@ -208,3 +209,24 @@ async def test_a_prepared_commit_is_finished_when_the_coordinator_starts(
         assert row is not None and row.committed_offset == 1
     finally:
         await close(again)
+
+
+async def test_a_coordinator_with_a_stale_copy_changes_nothing(broker: Broker) -> None:
+    """Coordinator B loaded the state before A committed; B's expiry would abort the
+    transaction from its stale copy: its write is refused, it takes the row as it is."""
+    a = broker
+    pid, epoch = await a.txn.init_producer_id("s", 1000, -1, -1)
+    await a.txn.add_partitions("s", pid, epoch, [("t", 0)])
+    await a.append("t", 0, txn_batch([b"v"], pid, epoch, 0))
+    b = TxnCoordinator(a.storage, a.storage.kafka, a.offsets, check_interval_s=3600)
+    await b.start()
+    await a.txn.end_txn("s", pid, epoch, commit=True)
+    await asyncio.sleep(1.1)
+    await b.check_once()  # stale: Ongoing and expired
+    meta = b.txns["s"]
+    assert (meta.state, meta.epoch) == (TxnState.COMPLETE_COMMIT, epoch)
+    assert a.storage.offsets("t", 0) == (0, 2)  # the record and the commit marker only
+    assert a.storage.last_stable_offset("t", 0) == 2
+    row = await a.storage.kafka.load_txn("s")
+    assert row is not None and row.state == "CompleteCommit"
+    await b.stop()
