@@ -4,6 +4,8 @@ a new producer of the same transactional.id, and ListOffsets' last stable offset
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -217,3 +219,32 @@ def test_sigkill_mid_transaction_aborts_on_timeout(tmp_path: Path) -> None:
         assert values(read_all(broker.bootstrap, "tx", 2, "read_committed")) == [
             b"committed", b"later"]
         assert len(read_all(broker.bootstrap, "tx", 2, "read_uncommitted")) == 6
+
+
+def test_a_killed_consume_transform_produce_app_restarts_exactly_once(tmp_path: Path) -> None:
+    """The app (tests/integration/txn_app.py) is SIGKILLed with a transaction open; its next
+    incarnation aborts it (init_transactions) and resumes from the committed offsets."""
+    with running_broker(tmp_path / "d") as broker:
+        make_topics(broker.bootstrap, "in", "out")
+        plain = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(30):
+            plain.produce("in", value=b"%d" % i, partition=i % 2)
+        plain.flush(30)
+        args = [sys.executable, "-m", "tests.integration.txn_app", broker.bootstrap, "app",
+                "app-group", "in", "out", "10"]
+        first = subprocess.Popen([*args, "5"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert first.stdout is not None
+            assert first.stdout.readline().strip() == "HUNG"  # after 1 commit + 5 open records
+        finally:
+            first.kill()
+            first.wait(10)
+            if first.stdout is not None:
+                first.stdout.close()
+        assert len(read_all(broker.bootstrap, "out", 2, "read_uncommitted")) > 10
+        second = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 0, second.stderr[-3000:]
+        word, count = second.stdout.split()[-2:]
+        assert word == "DONE" and 0 < int(count) < 30  # resumed from the committed offsets
+        out = values(read_all(broker.bootstrap, "out", 2, "read_committed"))
+        assert out == sorted(b"x%d" % i for i in range(30))  # every input exactly once
