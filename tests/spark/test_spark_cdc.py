@@ -1,7 +1,8 @@
 """A Debezium CDC stream through a real broker into an upsert table topic (tabletopic.upsert),
 read back in Spark SQL: inserts, updates and deletes over 10,000 keys (keys changed many times
 within one commit and across commits, deleted keys inserted again, Debezium's tombstones after
-deletes), the broker SIGKILLed in the middle and restarted on the same data directory. The
+deletes), the broker SIGKILLed in the middle (right after a burst the writer has read but not
+yet committed: commits come every 4 s) and restarted on the same data directory. The
 table's `SELECT *` must equal the final state computed here, row for row, and pyiceberg must
 agree; the table's offsets end at the topic's end (nothing applied twice, nothing skipped)."""
 
@@ -79,18 +80,22 @@ def produce(bootstrap: str, events: list[tuple[int, bytes | None, bytes]],
     assert p.flush(60) == 0 and not errors, errors[:3]
 
 
-def wait_offsets(env: SparkEnv, want: dict[int, int] | None, timeout: float) -> dict[int, int]:
-    """The table's offsets once they equal `want` (None: once any commit landed)."""
+def offsets_now(env: SparkEnv) -> dict[int, int]:
+    try:
+        return table_offsets(env.catalog.load_table(IDENT))
+    except Exception:  # no table yet
+        return {}
+
+
+def wait_offsets(env: SparkEnv, want: dict[int, int] | int, timeout: float) -> None:
+    """Until the table's offsets equal `want` (an int: until they add up to at least it)."""
     deadline = time.monotonic() + timeout
     got: dict[int, int] = {}
     while time.monotonic() < deadline:
-        try:
-            got = table_offsets(env.catalog.load_table(IDENT))
-        except Exception:
-            got = {}
-        if got == want or (want is None and got):
-            return got
-        time.sleep(0.1)
+        got = offsets_now(env)
+        if got == want or (isinstance(want, int) and sum(got.values()) >= want):
+            return
+        time.sleep(0.05)
     raise AssertionError(f"table offsets {got}, waiting for {want}")
 
 
@@ -98,7 +103,8 @@ def test_debezium_upserts_survive_sigkill(spark_env: SparkEnv) -> None:
     env = spark_env
     rng = random.Random(15)
     state: dict[int, Row] = {}
-    first = stream(rng, 30_000, state, 0)
+    first = stream(rng, 20_000, state, 0)
+    second = stream(rng, 10_000, state, 10**6)
     ends: dict[int, int] = {}
     broker = BrokerProcess(data_dir=env.data_dir).start()
     try:
@@ -108,14 +114,16 @@ def test_debezium_upserts_survive_sigkill(spark_env: SparkEnv) -> None:
                 "table.topic.enable": "true", "table.topic.convert.value.type": "json",
                 "table.topic.transform.value.type": "flatten_debezium",
                 "table.topic.namespace": "cdc", "table.topic.upsert.enable": "true",
-                "table.topic.id.columns": "[id]", "table.topic.commit.interval.ms": "400",
-                "table.topic.commit.max.records": "8000"})])[TOPIC].result(10)
+                "table.topic.id.columns": "[id]",
+                "table.topic.commit.interval.ms": "4000"})])[TOPIC].result(10)
         produce(broker.bootstrap, first, ends)
-        partial = wait_offsets(env, None, 60)
+        wait_offsets(env, 1, 60)  # a commit landed: the next is due 4 s later
+        produce(broker.bootstrap, second, ends)
         broker.kill()  # mid-stream: the writer holds converted rows it has not committed
+        partial = offsets_now(env)
         assert partial != ends, "everything was committed before the kill: nothing tested"
         broker.start()
-        produce(broker.bootstrap, stream(rng, 20_000, state, 10**6), ends)
+        produce(broker.bootstrap, stream(rng, 20_000, state, 2 * 10**6), ends)
         wait_offsets(env, ends, 120)
     finally:
         broker.stop()
