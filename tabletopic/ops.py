@@ -118,8 +118,7 @@ class TableOps:
                 await self.tables.wait_idle(topic, HOLD_TIMEOUT_S)
                 yield
             finally:
-                if not was_paused:
-                    await self.states.set(topic, False, "")
+                if not was_paused and await self.states.clear_if(topic, f"{why} in progress"):
                     self.tables.apply_state(topic, None)
         finally:
             self.tables.hold(topic, None)

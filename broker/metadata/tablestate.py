@@ -58,6 +58,20 @@ class TableStates:
 
         await self.meta._run(write)
 
+    async def clear_if(self, topic: str, reason: str) -> bool:
+        """Resume `topic` only if it is still paused for `reason` (an operator's pause made
+        meanwhile stays); True if it was."""
+        def write() -> bool:
+            with self.meta._txn() as db:
+                cur = db.execute(
+                    "UPDATE table_topic_states SET paused=0, reason='', updated_ms=?"
+                    " WHERE topic=? AND paused=1 AND reason=?",
+                    (int(time.time() * 1000), topic, reason),
+                )
+                return bool(cur.rowcount)
+
+        return await self.meta._run(write)
+
     async def delete(self, topic: str) -> None:
         def write() -> None:
             with self.meta._txn() as db:

@@ -107,7 +107,12 @@ async def test_pause_state_in_the_metadata_store(meta_url: str) -> None:
         got = await states.all()
         assert {t: (s.paused, s.reason) for t, s in got.items()} == {
             "a": (True, "drill"), "b": (False, "")}
+        assert not await states.clear_if("a", "rebuild in progress")  # an operator's pause
+        await states.set("c", True, "rebuild in progress")
+        assert await states.clear_if("c", "rebuild in progress")
+        assert not (await states.all())["c"].paused
         await states.delete("a")
+        await states.delete("c")
         assert set(await states.all()) == {"b"}
     finally:
         await store.close()
