@@ -99,18 +99,15 @@ def held_offsets(table: Table, wanted: list[DeadLetter]) -> set[tuple[int, int]]
     by_part: dict[int, list[int]] = {}
     for d in wanted:
         by_part.setdefault(d.partition, []).append(d.record.offset)
-    for p, offs in by_part.items():
+    for p, offs in by_part.items():  # one range per partition: no filter the size of the DLQ
         scan = table.scan(
-            row_filter=f"_kafka.partition = {p} AND _kafka.offset IN "
-            f"({','.join(str(o) for o in sorted(set(offs)))})",
+            row_filter=f"_kafka.partition = {p} AND _kafka.offset >= {min(offs)}"
+            f" AND _kafka.offset <= {max(offs)}",
             selected_fields=("_kafka",),
         ).to_arrow()
         kafka = scan.column("_kafka").combine_chunks()
-        held |= {
-            (int(a), int(b))
-            for a, b in zip(kafka.field("partition").to_pylist(),
-                            kafka.field("offset").to_pylist(), strict=True)
-        }
+        dead = set(offs)
+        held |= {(p, int(o)) for o in kafka.field("offset").to_pylist() if o in dead}
     return held
 
 
