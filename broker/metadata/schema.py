@@ -104,6 +104,13 @@ CREATE TABLE kafka_txn_offsets(
 CREATE TABLE kafka_txn_streams(stream_id {int} PRIMARY KEY)
 """
 
-COMPONENT = Component(
-    "broker.metadata", [_create_and_move, sql_migration(CLUSTER), sql_migration(TXNS)]
-)
+# 4: a transactional id's last epoch (KIP-588): the producer's epoch before the coordinator
+# bumped it to abort an expired transaction; that producer may recover (its requests get the
+# retriable INVALID_PRODUCER_EPOCH, its InitProducerId with that epoch is accepted); -1: none.
+TXN_LAST_EPOCH = """
+ALTER TABLE kafka_transactions ADD COLUMN last_epoch {int} NOT NULL DEFAULT -1
+"""
+
+COMPONENT = Component("broker.metadata", [
+    _create_and_move, sql_migration(CLUSTER), sql_migration(TXNS), sql_migration(TXN_LAST_EPOCH)
+])

@@ -36,6 +36,7 @@ class TxnRow:
     timeout_ms: int
     start_ms: int
     update_ms: int
+    last_epoch: int = -1  # the epoch before a bump that aborted an expired transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class PendingOffsetRow:
 def _values(r: TxnRow) -> tuple[object, ...]:
     return (r.transactional_id, r.producer_id, r.epoch, r.state,
             json.dumps([list(p) for p in r.partitions]), json.dumps(list(r.groups)),
-            r.timeout_ms, r.start_ms, r.update_ms)
+            r.timeout_ms, r.start_ms, r.update_ms, r.last_epoch)
 
 
 class TxnStateMixin:
@@ -64,11 +65,11 @@ class TxnStateMixin:
         with self.store._txn(read_only=True) as db:
             rows = [TxnRow(tid, pid, epoch, state,
                            tuple((str(t), int(p)) for t, p in json.loads(parts)),
-                           tuple(json.loads(groups)), timeout, start, update)
-                    for tid, pid, epoch, state, parts, groups, timeout, start, update
+                           tuple(json.loads(groups)), timeout, start, update, last)
+                    for tid, pid, epoch, state, parts, groups, timeout, start, update, last
                     in db.execute("SELECT transactional_id, producer_id, epoch, state,"
-                                  " partitions, groups, timeout_ms, start_ms, update_ms"
-                                  " FROM kafka_transactions")]
+                                  " partitions, groups, timeout_ms, start_ms, update_ms,"
+                                  " last_epoch FROM kafka_transactions")]
             pending = [PendingOffsetRow(*r) for r in db.execute(
                 "SELECT transactional_id, group_id, topic, partition, committed_offset,"
                 " leader_epoch, metadata FROM kafka_txn_offsets")]
@@ -81,12 +82,15 @@ class TxnStateMixin:
     def _write(self, row: TxnRow, read_version: int | None) -> None:
         db = self.store.db
         if read_version is None:
-            written = db.execute("INSERT INTO kafka_transactions VALUES (?,?,?,?,?,?,?,?,?)"
-                                 " ON CONFLICT (transactional_id) DO NOTHING", _values(row))
+            written = db.execute(
+                "INSERT INTO kafka_transactions(transactional_id, producer_id, epoch, state,"
+                " partitions, groups, timeout_ms, start_ms, update_ms, last_epoch)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (transactional_id) DO NOTHING",
+                _values(row))
         else:
             written = db.execute(
                 "UPDATE kafka_transactions SET producer_id=?, epoch=?, state=?, partitions=?,"
-                " groups=?, timeout_ms=?, start_ms=?, update_ms=?"
+                " groups=?, timeout_ms=?, start_ms=?, update_ms=?, last_epoch=?"
                 " WHERE transactional_id=? AND update_ms=?",
                 (*_values(row)[1:], row.transactional_id, read_version))
         if written.rowcount != 1:

@@ -110,7 +110,9 @@ class TxnCoordinator:
                 new = TxnMeta(tid, pid, 0, timeout_ms)
                 await self._save(new, [])
                 return pid, 0
-            if producer_id >= 0 and (producer_id, epoch) != (meta.producer_id, meta.epoch):
+            if producer_id >= 0 and (
+                producer_id != meta.producer_id or epoch not in (meta.epoch, meta.last_epoch)
+            ):  # KIP-360: the producer's own id and epoch (or the one a timeout bumped)
                 raise KafkaError(ErrorCode.producer_fenced,
                                  f"{tid!r} is producer {meta.producer_id} epoch {meta.epoch}")
             if meta.state.preparing:
@@ -123,6 +125,9 @@ class TxnCoordinator:
                 meta.epoch = 0
             else:
                 meta.epoch += 1
+            # a new instance (no id given) fences every earlier epoch; a producer bumping its
+            # own epoch may retry with the one it had
+            meta.last_epoch = epoch if producer_id >= 0 else -1
             meta.state, meta.timeout_ms = TxnState.EMPTY, timeout_ms
             meta.partitions, meta.groups, meta.start_ms = set(), set(), -1
             await self._save(meta, [])
@@ -210,9 +215,10 @@ class TxnCoordinator:
         meta = self.txns.get(tid)
         if meta is None or meta.producer_id != producer_id:
             raise KafkaError(ErrorCode.invalid_producer_id_mapping, f"{tid!r}: {producer_id}")
-        if epoch != meta.epoch:
-            raise KafkaError(ErrorCode.producer_fenced,
-                             f"{tid!r}: epoch {epoch}, current {meta.epoch}")
+        if epoch != meta.epoch:  # KIP-588: a timeout's bump is retriable, a new instance's not
+            code = (ErrorCode.invalid_producer_epoch if epoch == meta.last_epoch >= 0
+                    else ErrorCode.producer_fenced)
+            raise KafkaError(code, f"{tid!r}: epoch {epoch}, current {meta.epoch}")
         return meta
 
     def _opened(self, meta: TxnMeta) -> TxnMeta:
@@ -254,7 +260,9 @@ class TxnCoordinator:
     async def _end(self, meta: TxnMeta, commit: bool, fence: bool) -> None:
         new = copy.deepcopy(meta)
         if fence and new.epoch + 1 < MAX_EPOCH:
-            new.epoch += 1  # the markers carry the new epoch: the old producer is fenced
+            # the markers carry the new epoch: the old producer is fenced (it may recover
+            # from an expiry with an InitProducerId naming its epoch: last_epoch)
+            new.last_epoch, new.epoch = new.epoch, new.epoch + 1
         new.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         await self._save(new, [])
         await self._complete(new)

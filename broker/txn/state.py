@@ -51,16 +51,17 @@ class TxnMeta:
     groups: set[str] = field(default_factory=set)
     start_ms: int = -1  # when the open transaction began
     update_ms: int = field(default_factory=now_ms)
+    last_epoch: int = -1  # the epoch before a bump that aborted its expired transaction
 
     def row(self) -> TxnRow:
         return TxnRow(self.transactional_id, self.producer_id, self.epoch, self.state.value,
                       tuple(sorted(self.partitions)), tuple(sorted(self.groups)),
-                      self.timeout_ms, self.start_ms, self.update_ms)
+                      self.timeout_ms, self.start_ms, self.update_ms, self.last_epoch)
 
     @classmethod
     def of(cls, r: TxnRow) -> TxnMeta:
         return cls(r.transactional_id, r.producer_id, r.epoch, r.timeout_ms, TxnState(r.state),
-                   set(r.partitions), set(r.groups), r.start_ms, r.update_ms)
+                   set(r.partitions), set(r.groups), r.start_ms, r.update_ms, r.last_epoch)
 
     def expired(self, now: int) -> bool:
         return self.state == TxnState.ONGOING and now >= self.start_ms + self.timeout_ms

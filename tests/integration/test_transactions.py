@@ -248,3 +248,27 @@ def test_a_killed_consume_transform_produce_app_restarts_exactly_once(tmp_path: 
         assert word == "DONE" and 0 < int(count) < 30  # resumed from the committed offsets
         out = values(read_all(broker.bootstrap, "out", 2, "read_committed"))
         assert out == sorted(b"x%d" % i for i in range(30))  # every input exactly once
+
+
+def test_an_expired_transaction_is_aborted_and_its_producer_fenced(tmp_path: Path) -> None:
+    """The coordinator aborts an expired transaction and bumps the epoch: the producer's next
+    write is refused (librdkafka takes INVALID_PRODUCER_EPOCH as fenced, a fatal error), its
+    records stay invisible to read_committed, and a new producer of the id carries on."""
+    with running_broker(tmp_path / "d") as broker:
+        make_topics(broker.bootstrap, "tx")
+        p = txn_producer(broker.bootstrap, "slow", **{"transaction.timeout.ms": 2000})
+        p.begin_transaction()
+        p.produce("tx", value=b"expired", partition=0)
+        p.flush(30)
+        time.sleep(4)  # expiry is checked every second
+        p.produce("tx", value=b"after-expiry", partition=0)
+        with pytest.raises(KafkaException) as failed:
+            p.flush(30)  # the write is refused: fatal for librdkafka
+        assert failed.value.args[0].fatal()
+        fresh = txn_producer(broker.bootstrap, "slow")
+        fresh.begin_transaction()
+        fresh.produce("tx", value=b"next", partition=1)
+        fresh.commit_transaction(30)
+        assert values(read_all(broker.bootstrap, "tx", 2, "read_committed")) == [b"next"]
+        assert values(read_all(broker.bootstrap, "tx", 2, "read_uncommitted")) == [
+            b"expired", b"next"]

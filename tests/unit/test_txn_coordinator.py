@@ -160,8 +160,13 @@ async def test_expired_transactions_are_aborted_with_a_bumped_epoch(broker: Brok
     meta = b.txn.txns["slow"]
     assert meta.state == TxnState.COMPLETE_ABORT and meta.epoch == epoch + 1
     assert b.storage.last_stable_offset("t", 0) == 2
-    with pytest.raises(KafkaError) as e:
+    with pytest.raises(KafkaError) as e:  # KIP-588: retriable, the producer may recover
         await b.txn.end_txn("slow", pid, epoch, True)
+    assert e.value.code == ErrorCode.invalid_producer_epoch
+    assert await b.txn.init_producer_id("slow", 1000, pid, epoch) == (pid, epoch + 2)
+    with pytest.raises(KafkaError) as e:  # a new instance fences it for good
+        await b.txn.init_producer_id("slow", 1000, -1, -1)
+        await b.txn.end_txn("slow", pid, epoch + 2, True)
     assert e.value.code == ErrorCode.producer_fenced
 
 
