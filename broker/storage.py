@@ -352,8 +352,10 @@ class Storage(TopicTable):
         )
 
     def last_stable_offset(self, topic: str, partition: int) -> int:
+        """Never below the log start (DeleteRecords may pass an open transaction's start)."""
         sid = self._served(topic, partition)
-        return self.txns.index.lso(sid, self.log.stream(sid).end_offset)
+        st = self.log.stream(sid)
+        return max(st.start_offset, self.txns.index.lso(sid, st.end_offset))
 
     def aborted_transactions(
         self, topic: str, partition: int, start: int, end: int

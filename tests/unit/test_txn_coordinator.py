@@ -235,3 +235,14 @@ async def test_a_coordinator_with_a_stale_copy_changes_nothing(broker: Broker) -
     row = await a.storage.kafka.load_txn("s")
     assert row is not None and row.state == "CompleteCommit"
     await b.stop()
+
+
+async def test_the_lso_is_never_below_the_log_start(broker: Broker) -> None:
+    b = broker
+    pid, epoch = await b.txn.init_producer_id("d", 60_000, -1, -1)
+    await b.txn.add_partitions("d", pid, epoch, [("t", 0)])
+    await b.append("t", 0, txn_batch([b"open"], pid, epoch, 0))
+    await b.append("t", 0, bytes(make_batch([b"plain"])))
+    assert b.storage.last_stable_offset("t", 0) == 0
+    await b.storage.delete_records("t", 0, 1)  # past the open transaction's first record
+    assert b.storage.last_stable_offset("t", 0) == 1
