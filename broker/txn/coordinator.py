@@ -179,6 +179,10 @@ class TxnCoordinator:
 
     async def end_txn(self, tid: str, producer_id: int, epoch: int, commit: bool) -> None:
         async with self._lock(tid):
+            meta = self.txns.get(tid)
+            if (meta is not None and not commit and meta.producer_id == producer_id
+                    and epoch == meta.last_epoch >= 0 and meta.state == TxnState.COMPLETE_ABORT):
+                return  # KIP-588: the producer aborts what its expiry aborted already
             meta = self._valid(tid, producer_id, epoch)
             done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             preparing = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT

@@ -45,3 +45,25 @@ def test_java_transactional_producer_and_read_committed(broker: BrokerProcess) -
     assert sorted(seen["read_committed"]) == sorted(committed)
     assert sorted(seen["read_uncommitted"]) == sorted(
         committed + [f"a-{i}" for i in range(4)] + ["z-0", "z-1"])
+
+
+def test_java_producer_recovers_from_an_expired_transaction(broker: BrokerProcess) -> None:
+    """KIP-588: the coordinator aborted the expired transaction and bumped the epoch; the
+    Java producer's next send fails with a retriable epoch error, it aborts, bumps its epoch
+    with InitProducerId (its id and old epoch) and commits its next transaction."""
+    assert JAVA is not None
+    proc = subprocess.run(
+        [JAVA, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", java_classpath(),
+         str(PROGRAM), broker.bootstrap, "java-expiry", "timeout"],
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n--- broker ---\n{broker.log()[-3000:]}"
+    lines = [line.split("\t") for line in proc.stdout.splitlines()]
+    expired = [f[1] for f in lines if f[0] == "EXPIRED"]
+    assert expired and expired[0].rsplit(".", 1)[-1] == "InvalidProducerEpochException", expired
+    seen: dict[str, list[str]] = {"read_committed": [], "read_uncommitted": []}
+    for f in lines:
+        if f[0] == "REC":
+            seen[f[1]].append(f[4])
+    assert seen["read_committed"] == ["r-0"]
+    assert sorted(seen["read_uncommitted"]) == ["r-0", "t-0"]

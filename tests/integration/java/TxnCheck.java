@@ -1,11 +1,15 @@
 // Transactions with the official Apache Kafka Java client against a floe broker.
 //
-// Single-file program: `java -cp 'lib/*' TxnCheck.java BOOTSTRAP TOPIC`.
+// Single-file program: `java -cp 'lib/*' TxnCheck.java BOOTSTRAP TOPIC [timeout]`.
 // On TOPIC (2 partitions, created here) a transactional producer commits c-0..c-5, aborts
 // a-0..a-3 and commits d-0..d-1; a zombie producer (transactional.id "zombie") opens a
 // transaction, a second producer with the same id fences it, and the zombie's commit fails;
 // then a read_committed and a read_uncommitted consumer read everything.
+// With "timeout": a producer (transaction.timeout.ms 2000) lets its transaction (t-0) expire,
+// its next send fails, it aborts and commits r-0 in its next transaction (KIP-588), then the
+// consumers read as above.
 // Output (stdout, tab-separated):
+//   EXPIRED EXCEPTION_CLASS           what the send after the expiry threw ("none": nothing)
 //   FENCED EXCEPTION_CLASS            what the zombie's commit threw
 //   REC ISOLATION PARTITION OFFSET VALUE
 //   DONE ISOLATION COUNT
@@ -31,7 +35,10 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 public class TxnCheck {
     static KafkaProducer<byte[], byte[]> producer(String bootstrap, String tid) {
-        Properties p = new Properties();
+        return producer(bootstrap, tid, new Properties());
+    }
+
+    static KafkaProducer<byte[], byte[]> producer(String bootstrap, String tid, Properties p) {
         p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, tid);
         p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
@@ -83,6 +90,32 @@ public class TxnCheck {
         }
     }
 
+    static void expire(String bootstrap, String topic) throws Exception {
+        Properties props = new Properties();
+        props.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, "2000");
+        try (KafkaProducer<byte[], byte[]> p = producer(bootstrap, "expiring", props)) {
+            p.beginTransaction();
+            send(p, topic, "t", 1);
+            Thread.sleep(4000);  // the coordinator aborts it and bumps the epoch
+            String thrown = "none";
+            try {
+                send(p, topic, "t-late", 1);
+                p.commitTransaction();
+            } catch (Exception e) {
+                Throwable cause = e.getCause() != null ? e.getCause() : e;
+                thrown = cause.getClass().getName();
+            }
+            System.out.println("EXPIRED\t" + thrown);
+            System.out.flush();
+            System.err.println("STEP abort");
+            p.abortTransaction();
+            System.err.println("STEP next transaction");
+            p.beginTransaction();
+            send(p, topic, "r", 1);
+            p.commitTransaction();
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         String bootstrap = args[0];
         String topic = args[1];
@@ -90,6 +123,17 @@ public class TxnCheck {
         a.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         try (Admin admin = Admin.create(a)) {
             admin.createTopics(List.of(new NewTopic(topic, 2, (short) 1))).all().get();
+        }
+        if (args.length > 2 && args[2].equals("timeout")) {
+            try {
+                expire(bootstrap, topic);
+            } catch (Exception e) {
+                e.printStackTrace();  // here: the launcher cannot trim some traces
+                System.exit(1);
+            }
+            read(bootstrap, topic, "read_committed");
+            read(bootstrap, topic, "read_uncommitted");
+            return;
         }
         try (KafkaProducer<byte[], byte[]> p = producer(bootstrap, "java-tx")) {
             p.beginTransaction();
