@@ -24,7 +24,13 @@ class DeadLetters:
         self.topic = topic
         self.source_topic = source_topic
         self.written: dict[int, int] | None = None  # source partition -> highest source offset
-        self.count = 0
+        self.count = 0  # dead letters of source_topic in the DLQ topic (after load / a write)
+
+    async def load(self) -> None:
+        """Read what the DLQ topic already holds for source_topic (if it exists yet), so that
+        `count` is the topic's whole dead-letter count, not this run's."""
+        if self.written is None and self.topic in self.storage.topics:
+            self.written = await self._scan()
 
     async def _ensure(self) -> None:
         if self.topic not in self.storage.topics:
@@ -38,6 +44,7 @@ class DeadLetters:
 
     async def _scan(self) -> dict[int, int]:
         seen: dict[int, int] = {}
+        self.count = 0
         start, end = self.storage.offsets(self.topic, 0)
         offset = start
         while offset < end:
@@ -50,6 +57,7 @@ class DeadLetters:
                     if hs.get("floe.source.topic") == self.source_topic.encode():
                         p = int(hs[SOURCE_PARTITION] or b"-1")
                         seen[p] = max(seen.get(p, -1), int(hs[SOURCE_OFFSET] or b"-1"))
+                        self.count += 1
                 offset = h.next_offset
         return seen
 

@@ -167,6 +167,7 @@ class TableWriter:
         known = table.schema().as_arrow()
         self.converter = converter(cfg, known)
         self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
+        await self.dlq.load()
         self.parts = {}
         for p in range(len(self.storage.topic(self.topic).streams)):
             start, _end = self.storage.offsets(self.topic, p)
