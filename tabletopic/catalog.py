@@ -20,10 +20,11 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from s3stream.retry import RetryPolicy
 from tabletopic.warehouse import parse_warehouse
 
-# pyiceberg's SqlCatalog creates its tables when it finds none; brokers of a cluster starting
-# together race there, and the losers get a duplicate-key/duplicate-table error. Opening again
-# finds the tables the winner made. (PostgreSQL says duplicate key or table; SQLite says
-# "table ... already exists", or "database is locked" while the winner writes.)
+# pyiceberg's SqlCatalog creates its tables (if absent: create_all checks first); brokers of a
+# cluster starting together race there, and the losers get a duplicate-key/duplicate-table
+# error. Creating again finds the tables the winner made. (PostgreSQL says duplicate key or
+# table; SQLite says "table ... already exists", or "database is locked" while the winner
+# writes.)
 
 
 def _lost_create_race(e: BaseException) -> bool:
@@ -50,8 +51,11 @@ def open_catalog(url: str, warehouse: str, name: str = "floe") -> Catalog:
 
         uri = url if url.startswith("sqlite:///") else (
             "postgresql+psycopg://" + url.split("://", 1)[1])
-        return _CREATE_RACE.run(lambda: SqlCatalog(name, uri=uri, **props),
-                                f"opening catalog {url.split('@')[-1]}")
+        # Tables are created here rather than by the constructor, so that an opener losing
+        # the creation race keeps its catalog (and its connection pool) and just tries again.
+        cat = SqlCatalog(name, uri=uri, init_catalog_tables="false", **props)
+        _CREATE_RACE.run(cat.create_tables, f"creating the tables of catalog {url.split('@')[-1]}")
+        return cat
     if url.startswith(("rest+http://", "rest+https://")):
         raise ValueError(
             f"catalog {url!r}: Iceberg REST catalogs are not supported yet (floe's commit "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 
 from tabletopic.catalog import open_catalog
 
@@ -48,13 +49,18 @@ def test_concurrent_first_opens_all_succeed(
     else:
         url = request.getfixturevalue("pg_cluster").new_database()
     results = _open_together(url, (tmp_path / "wh").as_uri())
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert not errors, errors
-    assert len(results) == OPENERS
-    # every catalog works, and sees what another one made
-    first = results[0]
-    assert isinstance(first, Catalog)
-    first.create_namespace("ns")
-    for cat in results[1:]:
-        assert isinstance(cat, Catalog)
-        assert ("ns",) in cat.list_namespaces()
+    try:
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert not errors, errors
+        assert len(results) == OPENERS
+        # every catalog works, and sees what another one made
+        first = results[0]
+        assert isinstance(first, Catalog)
+        first.create_namespace("ns")
+        for cat in results[1:]:
+            assert isinstance(cat, Catalog)
+            assert ("ns",) in cat.list_namespaces()
+    finally:
+        for cat in results:  # close their connection pools (a broker keeps its one open)
+            if isinstance(cat, SqlCatalog):
+                cat.engine.dispose()
