@@ -111,7 +111,8 @@ def stored_bytes(broker: BrokerProcess, topic: str) -> int:
     try:
         (n,) = db.execute(
             "SELECT coalesce(sum(c.length), 0) FROM chunks c JOIN streams s USING (stream_id)"
-            " WHERE s.topic=? AND s.deleted=0 AND c.last_offset >= s.start_offset", (topic,)
+            " JOIN kafka_partitions k USING (stream_id)"
+            " WHERE k.topic=? AND s.deleted=0 AND c.last_offset >= s.start_offset", (topic,)
         ).fetchone()
         return int(n)
     finally:
