@@ -39,10 +39,11 @@ from broker.localcluster.s3server import (
 )
 
 UNSAFE_WARNING = (
-    "WARNING: several brokers on one object store and metadata database are NOT safe yet: "
-    "there are no broker leases or leader epochs (issue 12), each broker garbage-collects "
-    "objects the others still reference and runs its own writer for every table topic. "
-    "This cluster is the harness for that work, not a cluster to keep data in."
+    "WARNING: the cluster is partly built (issue 12): partitions move between brokers with "
+    "leases, leader epochs and fenced WAL commits, but every consumer group is coordinated by "
+    "the broker a client asks (groups spread over brokers do not see each other), and a table "
+    "topic whose partitions are led by several brokers stalls (issue 13). Do not keep data "
+    "in it that depends on those."
 )
 
 
@@ -59,7 +60,7 @@ reported (node id, exit code) and the others keep running, as a cluster should s
 death; when no broker is left the command exits with status 1. Ports with --base-port P:
 Kafka P+i-1, admin P+100+i-1 (broker i), Schema Registry P+200 (broker 1 only); P=0: any free
 ports. With moto (the default) objects live in memory: the data directory must be empty.
-Several brokers on one store are not safe yet (see deploy/README.md).""",
+What several brokers do and do not do yet: see deploy/README.md.""",
     )
     p.add_argument("--brokers", type=int, default=3, help="number of brokers (3)")
     p.add_argument("--data-dir", help="directory of the cluster (default: a temporary one, "
