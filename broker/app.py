@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from broker.admin import TableRoutes, serve_admin
+from broker.brokers import brokers_report
 from broker.cluster import ClusterSettings
 from broker.config import Settings, topic_defaults
 from broker.engine import StorageEngine
@@ -92,6 +93,7 @@ async def _admin(
     health: Health,
     tables: Callable[[], object],
     routes: TableRoutes | None = None,
+    brokers: Callable[[], object] = list,
 ) -> asyncio.Server | None:
     """The admin port (`metrics` setting): prints `metrics on HOST:PORT`. A port that cannot be
     bound is logged as an ERROR and the broker runs without it (Kafka clients do not need it)."""
@@ -100,8 +102,9 @@ async def _admin(
     mhost, mport = settings.metrics
     try:
         server = await serve_admin(
-            mhost, mport, metrics.exposition, lambda: {"health": health.report(),
-                                                       "tables": tables()},
+            mhost, mport, metrics.exposition,
+            lambda: {"health": health.report(), "tables": tables(), "brokers": brokers(),
+                     **metrics.reports()},
             routes,
         )
     except OSError as e:
@@ -239,7 +242,9 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     tables.states = TableStates(storage.meta)  # operators' pauses (floe table pause)
     await tables.states.open()
     api = TableApi(TableOps(storage, catalog, tables, tables.states))
-    status_server = await _admin(settings, metrics, health, tables.status, api.handle)
+    status_server = await _admin(
+        settings, metrics, health, tables.status, api.handle,
+        lambda: brokers_report(ctx.node_id, ctx.host, ctx.port, storage.cluster_view()))
     registry, registry_server = await start_schema_registry(settings, storage.meta)
     ctx.schemas.attach(registry)
     tables.schemas = registry  # by_schema_id table topics fetch writer schemas from it

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -245,6 +245,14 @@ class FloeCollector(Collector):
                                     "Next offset the table holds.", labels=pl),
             "end": GaugeMetricFamily("floe_table_log_end_offset",
                                      "Log end offset (high watermark).", labels=pl),
+            "io_req": CounterMetricFamily(
+                "floe_table_object_store_requests",
+                "Warehouse requests of the table's files by the broker (PUT: files written, "
+                "GET: files read, DELETE, LIST: orphan listings).", labels=[*tl, "op"]),
+            "io_bytes": CounterMetricFamily(
+                "floe_table_object_store_bytes",
+                "Bytes of the table's files written (PUT) or read (GET) by the broker.",
+                labels=[*tl, "op"]),
             "info": InfoMetricFamily("floe_table_last_error",
                                      "The last error of a table topic's writer (while failing).",
                                      labels=tl),
@@ -260,6 +268,9 @@ class FloeCollector(Collector):
                 fams["retries"].add_metric([*lv, reason], n)
             if t["last_error"]:
                 fams["info"].add_metric(lv, {"error": str(t["last_error"])[:300]})
+            for op, c in t.get("costs", {}).items():
+                fams["io_req"].add_metric([*lv, op], c["requests"])
+                fams["io_bytes"].add_metric([*lv, op], c["bytes"])
             fresh = t.get("freshness", {})
             if fresh.get("last_commit_seconds") is not None:
                 fams["commit_s"].add_metric(lv, fresh["last_commit_seconds"])
@@ -278,6 +289,13 @@ class FloeCollector(Collector):
         yield from fams.values()
 
 
+@runtime_checkable
+class Reporting(Protocol):
+    """A collector that also has parts of the /status document."""
+
+    def report(self) -> dict[str, Any]: ...
+
+
 class BrokerMetrics:
     """The registry of one broker: the scrape-time collector plus counters of maintenance."""
 
@@ -288,6 +306,7 @@ class BrokerMetrics:
         # process-wide: no `_created` series (floe never uses them)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
+        self._reporting: list[Reporting] = []
         self.registry.register(FloeCollector(self.sources))
         r = self.registry
         self.compaction_runs = Counter("floe_compaction_runs", "Compaction runs, by outcome.",
@@ -328,6 +347,16 @@ class BrokerMetrics:
     def register(self, collector: Collector) -> None:
         """Add a collector of someone else's counters (a storage engine's `collectors()`)."""
         self.registry.register(collector)
+        if isinstance(collector, Reporting):
+            self._reporting.append(collector)
+
+    def reports(self) -> dict[str, Any]:
+        """The /status parts of the registered collectors that have one (`report()`: e.g. the
+        s3stream engine's `costs` and `topics`, broker/costs.py)."""
+        out: dict[str, Any] = {}
+        for c in self._reporting:
+            out.update(c.report())
+        return out
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric, now."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from broker import recordpolicy, storagemetrics
+from broker import costs, recordpolicy, storagemetrics
 from broker.cluster import ClusterNode, ClusterSettings, ClusterView, Snapshot
 from broker.config import Settings
 from broker.engine import (
@@ -53,7 +53,8 @@ from s3stream.log import (
     now_ms,
 )
 from s3stream.metadata import MetadataError, SqliteMetadataStore, StreamsFencedError
-from s3stream.objectstore import ObjectNotFoundError, ObjectStore
+from s3stream.objectstore import ObjectNotFoundError, ObjectStore, RetryingObjectStore
+from s3stream.stats import attributed
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Storage(TopicTable):
         self.log.guards = self.cluster.guards
         self._topic_lock = asyncio.Lock()
         self.txns = TxnLog(self.log)  # open transactions and aborted ranges per partition
+        self.traffic = costs.Traffic()  # bytes appended / served per stream (broker/costs.py)
 
     async def open(self) -> None:
         await self.kafka.open()
@@ -278,6 +280,7 @@ class Storage(TopicTable):
         if idempotent:
             producer = ProducerBatch(h0.producer_id, h0.producer_epoch, h0.base_sequence, last_seq)
         base, durable = self.log.append(sid, count, max_ts, encode, producer)
+        self.traffic.appended(sid, len(data))
         result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         if producer is not None:
             self._track_producer(sid, producer, base, base + count - 1, result)
@@ -386,8 +389,11 @@ class Storage(TopicTable):
                     f"offset {offset} not in [{st.start_offset}, {st.end_offset}]",
                 )
             try:
-                chunks = await self.log.read_chunks(sid, offset, max_bytes)
-                return serve_batches(chunks, offset, max_bytes, must_return_one)
+                with attributed(((sid, 1.0),)):  # its GETs cost this partition's topic
+                    chunks = await self.log.read_chunks(sid, offset, max_bytes)
+                served = serve_batches(chunks, offset, max_bytes, must_return_one)
+                self.traffic.served(sid, len(served))
+                return served
             except OffsetOutOfRangeError as e:  # retention moved the log start meanwhile
                 raise KafkaError(ErrorCode.offset_out_of_range, str(e)) from None
             except UnknownStreamError:  # the partition moved to another broker meanwhile
@@ -527,7 +533,10 @@ class Storage(TopicTable):
         )
 
     def collectors(self) -> list[Collector]:
-        return [storagemetrics.StorageCollector(self.log, self.objects)]
+        out: list[Collector] = [storagemetrics.StorageCollector(self.log, self.objects)]
+        if isinstance(self.objects, RetryingObjectStore):  # it counts what each call costs
+            out.append(costs.CostCollector(self.objects.stats.costs, self.traffic, self))
+        return out
 
     async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None:
         sids = []

@@ -228,7 +228,12 @@ class RetryingObjectStore:
         self.retries += 1
         self.stats.retries += 1
 
-    async def _run(self, op: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _run(
+        self, op: str, key: str, call: Callable[[], Awaitable[T]], put_bytes: int = 0
+    ) -> T:
+        """The call under the retry policy; every attempt counted in `stats`, and the call,
+        once it succeeded, in `stats.costs` (with its bytes: written by a PUT, read by a GET)."""
+
         async def attempt() -> T:
             began = time.monotonic()
             try:
@@ -240,13 +245,16 @@ class RetryingObjectStore:
             self.stats.record(op, time.monotonic() - began, None)
             return result
 
-        return await self.policy.run_async(
+        result = await self.policy.run_async(
             attempt, f"object store {op} {key!r}", rand=self._rand, on_retry=self._retried,
             logger=log,
         )
+        got = len(result) if isinstance(result, bytes | bytearray | memoryview) else 0
+        self.stats.costs.record(op, key, put_bytes + got)
+        return result
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
-        await self._run("PUT", key, lambda: self.inner.put(key, data))
+        await self._run("PUT", key, lambda: self.inner.put(key, data), memoryview(data).nbytes)
 
     async def get(self, key: str) -> bytes:
         return await self._run("GET", key, lambda: self.inner.get(key))

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 # seconds: 1 ms .. 30 s, the range of a local fsync up to a slow S3 PUT with retries
@@ -74,6 +77,7 @@ class ObjectStoreStats:
     last_ok_at: float = 0.0  # wall clock of the last successful attempt
     last_error: str = ""  # the last failed attempt's error, "" if none yet
     last_error_at: float = 0.0
+    costs: StreamCosts = field(default_factory=lambda: StreamCosts())
 
     def op(self, name: str) -> OpStats:
         s = self.ops.get(name)
@@ -91,3 +95,62 @@ class ObjectStoreStats:
             s.errors += 1
             self.last_error = f"{name}: {error!r}"[:500]
             self.last_error_at = time.time()
+
+
+# -- cost attribution ------------------------------------------------------------------------
+# An object-store request's share of each stream: set by the code that knows (a WAL flush: its
+# streams by their bytes in the object; a partition's read: that stream) around the awaited
+# call; tasks started inside inherit it. Stream objects ("stream/<id>/...") name their stream.
+ATTRIBUTION: ContextVar[tuple[tuple[int, float], ...] | None] = ContextVar(
+    "s3stream_attribution", default=None
+)
+
+
+@contextmanager
+def attributed(shares: Iterable[tuple[int, float]]) -> Iterator[None]:
+    """Attribute the object-store requests made inside to streams by weight ((stream id,
+    weight), e.g. each stream's bytes in a WAL object)."""
+    token = ATTRIBUTION.set(tuple(shares))
+    try:
+        yield
+    finally:
+        ATTRIBUTION.reset(token)
+
+
+@dataclass
+class Cost:
+    """Requests (fractional when an object is shared) and bytes moved of one operation."""
+
+    requests: float = 0.0
+    bytes: float = 0.0
+
+
+@dataclass
+class StreamCosts:
+    """Successful object-store requests and their bytes (PUT: written, GET: read) per stream
+    and operation; a request shared by several streams counts as each stream's fraction of it,
+    so the streams' figures add up to the attributed total. `unattributed`: requests no stream
+    could be named for (a WAL object read or deleted by compaction, listings, probes)."""
+
+    streams: dict[int, dict[str, Cost]] = field(default_factory=dict)
+    unattributed: dict[str, Cost] = field(default_factory=dict)
+    totals: dict[str, Cost] = field(default_factory=dict)
+
+    def record(self, op: str, key: str, nbytes: int) -> None:
+        total = self.totals.setdefault(op, Cost())
+        total.requests += 1
+        total.bytes += nbytes
+        shares = ATTRIBUTION.get()
+        if shares is None and key.startswith("stream/"):
+            named = key.split("/", 2)[1]
+            shares = ((int(named), 1.0),) if named.isdigit() else None
+        weight = sum(w for _sid, w in shares) if shares else 0.0
+        if not shares or weight <= 0:
+            c = self.unattributed.setdefault(op, Cost())
+            c.requests += 1
+            c.bytes += nbytes
+            return
+        for sid, w in shares:
+            c = self.streams.setdefault(sid, {}).setdefault(op, Cost())
+            c.requests += w / weight
+            c.bytes += nbytes * w / weight

@@ -32,7 +32,7 @@ from s3stream.metadata import (
     StreamsFencedError,
 )
 from s3stream.objectstore import ObjectStore
-from s3stream.stats import LogStats
+from s3stream.stats import LogStats, attributed
 
 log = logging.getLogger("s3stream.log")  # the name operators' log filters know
 
@@ -233,7 +233,8 @@ class WalMixin(IndexMixin):
         object_id = await self._object_id()
         key = f"wal/{object_id:016d}"
         blob, entries = walformat.encode(object_id, parts)
-        await self.objects.put(key, blob)  # retries: the object store's own layer
+        with attributed((sid, len(data)) for sid, _b, _l, data in parts):  # cost per stream
+            await self.objects.put(key, blob)  # retries: the object store's own layer
         rows = [
             ChunkRow(
                 e.stream_id,

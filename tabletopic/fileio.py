@@ -10,6 +10,14 @@ parent), so every file exists whole on disk before pyiceberg goes on to the cata
 Files in object stores (s3:// ...) are durable once their upload returns; they go through
 PyArrowFileIO unchanged.
 
+Every file it writes, opens for reading or deletes is counted per table (`TABLE_IO`: PUT with
+the bytes written, GET with the bytes read, DELETE; LIST is counted by tabletopic.orphans),
+so that a table topic's warehouse traffic can be priced. The table is the file's location up to
+its `/data/` or `/metadata/` directory, named `<namespace>.<table>` after that location's last
+two directories (pyiceberg's default location `<warehouse>/<namespace>[.db]/<table>`).
+Process-wide: pyiceberg makes a FileIO per table it loads. (Parquet read by scans through
+pyarrow's own file system is not counted; the writer reads only metadata.)
+
 Selected with the catalog property `py-io-impl` (see tabletopic.warehouse).
 """
 
@@ -17,11 +25,133 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from pathlib import Path
 from typing import Any, cast
 
-from pyiceberg.io import OutputStream
+from pyiceberg.io import InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
+
+from s3stream.stats import Cost
+
+
+class TableIO:
+    """{table: {op: Cost}}; bumped from pyiceberg's threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[str, dict[str, Cost]] = {}
+
+    def count(self, location: str, op: str, nbytes: int) -> None:
+        with self._lock:
+            c = self._tables.setdefault(table_of(location), {}).setdefault(op, Cost())
+            c.requests += 1
+            c.bytes += nbytes
+
+    def report(self, table: str) -> dict[str, dict[str, float]]:
+        """{op: {"requests", "bytes"}} of `table` (`<namespace>.<table>`)."""
+        with self._lock:
+            ops = dict(self._tables.get(table, {}))
+        return {op: {"requests": c.requests, "bytes": c.bytes} for op, c in sorted(ops.items())}
+
+
+def table_of(location: str) -> str:
+    """The table a file belongs to: `ns.table` for `.../ns[.db]/table/{data,metadata}/...`
+    (the last two directories of the table's location)."""
+    path = location.split("://", 1)[-1]
+    for marker in ("/metadata/", "/data/"):
+        if marker in path:
+            path = path[: path.rindex(marker)]
+            break
+    parent, _, name = path.rpartition("/")
+    ns = parent.rpartition("/")[2]
+    return f"{ns.removesuffix('.db')}.{name}" if ns and name else path
+
+
+TABLE_IO = TableIO()
+
+
+class CountingWriter:
+    """An output stream that counts one PUT of everything written when it is closed."""
+
+    def __init__(self, inner: OutputStream, location: str) -> None:
+        self._inner = inner
+        self._location = location
+        self._written = 0
+        self._closed = False
+
+    def write(self, b: bytes) -> int:
+        n = self._inner.write(b)
+        self._written += len(b)
+        return n
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def close(self) -> None:
+        self._inner.close()
+        if not self._closed:
+            self._closed = True
+            TABLE_IO.count(self._location, "PUT", self._written)
+
+    def __enter__(self) -> CountingWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class CountingReader:
+    """An input stream that counts one GET with the bytes read when it is closed."""
+
+    def __init__(self, inner: InputStream, location: str) -> None:
+        self._inner = inner
+        self._location = location
+        self._read = 0
+        self._closed = False
+
+    def read(self, size: int | None = None) -> bytes:
+        # pyarrow's streams take no negative size: None (or < 0) reads to the end
+        data = self._inner.read() if size is None or size < 0 else self._inner.read(size)
+        self._read += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def close(self) -> None:
+        self._inner.close()
+        if not self._closed:
+            self._closed = True
+            TABLE_IO.count(self._location, "GET", self._read)
+
+    def __enter__(self) -> CountingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class CountedFile(PyArrowFile):
+    """A PyArrowFile whose streams are counted in TABLE_IO."""
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        return cast(OutputStream, CountingWriter(self._create(overwrite), self.location))
+
+    def _create(self, overwrite: bool) -> OutputStream:
+        return super().create(overwrite)
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return cast(InputStream, CountingReader(super().open(seekable), self.location))
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -66,11 +196,11 @@ class SyncOnCloseWriter(io.BufferedWriter):
         fsync_dir(os.path.dirname(self._path))
 
 
-class DurableLocalFile(PyArrowFile):
+class DurableLocalFile(CountedFile):
     """A local output file whose stream is a SyncOnCloseWriter (`overwrite=False`: created
     exclusively, FileExistsError if it exists)."""
 
-    def create(self, overwrite: bool = False) -> OutputStream:
+    def _create(self, overwrite: bool) -> OutputStream:
         make_dirs_durable(Path(self._path).parent)
         # an io.BufferedWriter: write, tell, close, context manager (pyiceberg's OutputStream)
         return cast(OutputStream, SyncOnCloseWriter(self._path, exclusive=not overwrite))
@@ -84,6 +214,14 @@ class DurableFileIO(PyArrowFileIO):
 
     def new_output(self, location: str) -> PyArrowFile:
         scheme, netloc, path = self.parse_location(location, self.properties)
-        if scheme != "file":
-            return super().new_output(location)
-        return DurableLocalFile(location=location, path=path, fs=self.fs_by_scheme(scheme, netloc))
+        kind = DurableLocalFile if scheme == "file" else CountedFile
+        return kind(location=location, path=path, fs=self.fs_by_scheme(scheme, netloc))
+
+    def new_input(self, location: str) -> PyArrowFile:
+        scheme, netloc, path = self.parse_location(location, self.properties)
+        return CountedFile(location=location, path=path, fs=self.fs_by_scheme(scheme, netloc))
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        super().delete(location)
+        where = location.location if isinstance(location, InputFile | OutputFile) else location
+        TABLE_IO.count(where, "DELETE", 0)

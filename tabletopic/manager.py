@@ -13,6 +13,7 @@ from pyiceberg.catalog import Catalog
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
 from tabletopic.config import TableTopicConfig
+from tabletopic.fileio import TABLE_IO
 from tabletopic.freshness import freshness
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.schemaconvert import SchemaById
@@ -131,4 +132,5 @@ class TableTopics:
             await asyncio.sleep(0.05)
 
     def status(self) -> list[dict[str, Any]]:
-        return [{**w.status(), "freshness": freshness(w)} for w, _t in self.writers.values()]
+        return [{**(st := w.status()), "freshness": freshness(w),
+                 "costs": TABLE_IO.report(st["table"])} for w, _t in self.writers.values()]

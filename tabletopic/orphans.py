@@ -33,6 +33,8 @@ import pyarrow.fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
+from tabletopic.fileio import TABLE_IO
+
 log = logging.getLogger(__name__)
 
 WRITE_DATA_PATH = "write.data.path"  # Iceberg's table property for where data files go
@@ -105,6 +107,8 @@ def remove_orphan_files(table: Table, min_age_s: float) -> list[str]:
         infos = fs.get_file_info(pafs.FileSelector(root.path, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return []
+    finally:
+        TABLE_IO.count(data_dir.rstrip("/") + "/", "LIST", 0)  # costs (tabletopic/fileio.py)
     listed = {
         FileRef(root.scheme, posixpath.normpath(i.path)).identity: i
         for i in infos
@@ -153,6 +157,7 @@ def remove_orphan_files(table: Table, min_age_s: float) -> list[str]:
         except FileNotFoundError:
             continue  # gone meanwhile (an expiry deletes the files it unreferences)
         removed.append(FileRef(root.scheme, identity[1]).uri)
+        TABLE_IO.count(removed[-1], "DELETE", 0)
     if removed:
         log.info("table %s: removed %d orphan data files", name, len(removed))
     return removed
