@@ -11,7 +11,10 @@ import asyncio
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.console_cluster import Throughput
 
 DEFAULT_ADDRESS = "127.0.0.1:9644"
 LINEAGE_TIMEOUT_S = 5.0  # the console's wait for each table's snapshots
@@ -30,6 +33,9 @@ async def serve_admin(
 ) -> asyncio.Server:
     """Listen on host:port; `metrics()` gives the /metrics body, `status()` the /status JSON,
     `tables` answers `/tables/...` (table operations; they may take a while)."""
+    from broker.console_cluster import Throughput
+
+    throughput = Throughput()  # samples of bytes in/out per partition, one per console page
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -50,7 +56,7 @@ async def serve_admin(
                 code, ctype, data = 200, "application/json", json.dumps(status()).encode()
             elif path == "/":
                 code, ctype, data = 200, "text/html; charset=utf-8", await _console(
-                    status(), tables, metrics().decode())
+                    status(), tables, metrics().decode(), throughput)
             else:
                 code, ctype, data = 404, "text/plain", b"try /, /metrics or /status\n"
             writer.write(
@@ -68,7 +74,8 @@ async def serve_admin(
     return await asyncio.start_server(handle, host, port, reuse_address=True)
 
 
-async def _console(doc: dict[str, Any], tables: TableRoutes | None, metrics: str) -> bytes:
+async def _console(doc: dict[str, Any], tables: TableRoutes | None, metrics: str,
+                   throughput: Throughput) -> bytes:
     """The console page (broker/console.py) with each table topic's snapshots, each lineage
     bounded by LINEAGE_TIMEOUT_S (the catalog may be slow or down: the page still renders)."""
     from broker.console import page
@@ -81,4 +88,4 @@ async def _console(doc: dict[str, Any], tables: TableRoutes | None, metrics: str
                 tables("GET", f"/tables/{t['topic']}/lineage", {}), LINEAGE_TIMEOUT_S)
         except TimeoutError:
             lineages[t["topic"]] = {"error": f"no answer within {LINEAGE_TIMEOUT_S:g} s"}
-    return page(doc, lineages, metrics)
+    return page(doc, lineages, metrics, throughput)

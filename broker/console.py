@@ -4,7 +4,9 @@ browser every 5 s: the health of what the broker depends on, and per table topic
 state, lag and per-stage freshness per partition, dead letters, errors and the latest
 snapshots with the offsets each holds; from the `/metrics` exposition, object-store requests
 and errors by operation and consumer groups with their lag. Elements a test or a script may
-read carry ids: `lag-T-P`, `lag-seconds-T-P`, `dlq-T`, `state-T`, `group-lag-G-T-P`."""
+read carry ids: `lag-T-P`, `lag-seconds-T-P`, `dlq-T`, `state-T`, `group-lag-G-T-P`,
+`tcost-T-OP-requests|bytes`; brokers, topics with throughput and costs per topic:
+broker/console_cluster.py (its ids there)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import time
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from broker import console_cluster as cluster
 
 STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
@@ -27,9 +31,11 @@ def e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]], metrics: str = "") -> bytes:
+def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]], metrics: str = "",
+         throughput: cluster.Throughput | None = None) -> bytes:
     """The console for a /status document, the lineage of (some of) its table topics and the
-    /metrics exposition (consumer groups, object store)."""
+    /metrics exposition (consumer groups, object store); `throughput` keeps the samples that
+    give bytes per second between pages."""
     now = time.time()
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -39,8 +45,14 @@ def page(status: dict[str, Any], lineages: dict[str, dict[str, Any]], metrics: s
         "<a href='/status'>/status</a> &middot; <a href='/metrics'>/metrics</a></p>",
     ]
     out += _health(status.get("health", {}))
+    out += cluster.brokers(status.get("brokers", []))
+    if "topics" in status:
+        rates, window = (throughput or cluster.Throughput()).sample(status["topics"], now)
+        out += cluster.topics(status["topics"], rates, window)
     samples = _samples(metrics)
     out += _object_store(samples)
+    if "costs" in status:
+        out += cluster.costs(status["costs"])
     tables = status.get("tables", [])
     out.append(f"<h2>Table topics ({len(tables)})</h2>")
     if not tables:
@@ -139,6 +151,7 @@ def _table(t: dict[str, Any], lineage: dict[str, Any] | None, now: float) -> lis
     ]
     if t["last_error"]:
         out.append(f"<p class='bad'>last error: {e(t['last_error'])}</p>")
+    out += cluster.table_costs(topic, t.get("costs", {}))
     out.append("<table><tr><th>partition</th><th>log end</th><th>converted</th>"
                "<th>committed</th><th>lag (records)</th><th>ack&rarr;converted s</th>"
                "<th>ack&rarr;committed s</th><th class='l'>stopped</th></tr>")

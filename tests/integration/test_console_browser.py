@@ -8,10 +8,12 @@ so the figures hold still), and it renders again after the writer catches up."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,18 @@ def test_console_in_headless_chromium(tmp_path: Path) -> None:
         for p, lag in lags.items():
             assert ids.text[f"lag-shown-{p}"] == str(lag)
         assert "PAUSED: browser check" in ids.text["state-shown"]
+        # brokers, bytes per partition and costs per topic and table, as /status has them
+        with urllib.request.urlopen(f"http://{admin}/status", timeout=10) as r:
+            full = json.loads(r.read())
+        (me,) = full["brokers"]
+        assert "this broker" in ids.text[f"broker-{me['node_id']}"]
+        (topic,) = [t for t in full["topics"] if t["topic"] == "shown"]
+        for p in topic["partitions"]:
+            assert ids.text[f"bytes-in-shown-{p['partition']}"] == str(p["bytes_in"])
+            assert ids.text[f"bytes-out-shown-{p['partition']}"] == str(p["bytes_out"])
+        for op, c in full["costs"]["topics"]["shown"].items():
+            assert ids.text[f"cost-shown-{op}-bytes"] == f"{c['bytes']:.0f}"
+        assert ids.text["tcost-shown-PUT-bytes"] == f"{st['costs']['PUT']['bytes']:.0f}"
 
         assert cli(admin, "resume", "shown")[0] == 0
         wait_status(admin, "shown", lambda s: all(p["lag_records"] == 0

@@ -4,6 +4,7 @@ freshness stages are in /status and /metrics."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from html.parser import HTMLParser
@@ -75,6 +76,7 @@ def test_console_shows_lag_dlq_and_freshness(tmp_path: Path) -> None:
         # paused with records waiting: lag, and the stages' ages grow
         assert cli(admin, "pause", "web", "--reason", "console check")[0] == 0
         wait_status(admin, "web", lambda s: s["paused"] == "console check")
+        get(f"http://{admin}/")  # the throughput ring's first sample
         produce(broker.bootstrap, "web", [{"n": i} for i in range(100, 120)], 2)
         time.sleep(1.2)
         ctype, body = get(f"http://{admin}/")
@@ -90,6 +92,29 @@ def test_console_shows_lag_dlq_and_freshness(tmp_path: Path) -> None:
         assert str(current_snapshot(data, "web")) + " (current)" in body
         assert ids.text["group-lag-g1-web-0"] == str(32 - 15)  # 22 + 10 records in partition 0
         assert "Object store requests" in body
+        # brokers, topics with bytes and throughput, costs: as /status has them (the paused
+        # writer neither reads nor writes; the page's lineage reads count as table GETs)
+        full = json.loads(get(f"http://{admin}/status")[1])
+        (me,) = full["brokers"]
+        assert "this broker" in ids.text[f"broker-{me['node_id']}"]
+        (web,) = [t for t in full["topics"] if t["topic"] == "web"]
+        for p in web["partitions"]:
+            pid = f"web-{p['partition']}"
+            assert ids.text[f"bytes-in-{pid}"] == str(p["bytes_in"])
+            assert ids.text[f"bytes-out-{pid}"] == str(p["bytes_out"])
+            assert float(ids.text[f"rate-in-{pid}"]) > 0  # 10 records came in since the sample
+            assert p["bytes_in"] > 0 and p["bytes_out"] > 0  # the writer read the first ones
+        for op, c in full["costs"]["topics"]["web"].items():
+            assert ids.text[f"cost-web-{op}-requests"] == f"{c['requests']:.2f}"
+            assert ids.text[f"cost-web-{op}-bytes"] == f"{c['bytes']:.0f}"
+        assert float(ids.text["cost-web-PUT-bytes"]) > 0
+        put = st["costs"]["PUT"]
+        assert ids.text["tcost-web-PUT-requests"] == f"{put['requests']:.0f}"
+        assert ids.text["tcost-web-PUT-bytes"] == f"{put['bytes']:.0f}"
+        time.sleep(0.6)
+        ids = Ids()
+        ids.feed(get(f"http://{admin}/")[1])
+        assert ids.text["rate-in-web-0"] == ids.text["rate-in-web-1"] == "0.0"  # nothing new
         fresh = st["freshness"]["partitions"]
         assert [f["converted_offset"] for f in fresh] == [22, 21]
         assert all(f["ack_to_converted_seconds"] >= 1.0 for f in fresh)
