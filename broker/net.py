@@ -30,7 +30,7 @@ from broker.protocol.codec import (
     RequestHead,
     UnsupportedVersionError,
     decode_request,
-    encode_response,
+    encode_response_parts,
     peek,
 )
 
@@ -189,8 +189,9 @@ class KafkaConnection(asyncio.Protocol):
             try:
                 if isinstance(result, asyncio.Future):
                     result = await result
-                frame = encode_response(head.api_key, head.api_version, head.correlation_id,
-                                        result)
+                frame, size = encode_response_parts(
+                    head.api_key, head.api_version, head.correlation_id, result
+                )
             except Exception as e:
                 log.debug("api %d v%d failed", head.api_key, head.api_version, exc_info=True)
                 self._close(f"api {head.api_key} v{head.api_version} failed: {_one_line(e)}")
@@ -198,8 +199,8 @@ class KafkaConnection(asyncio.Protocol):
             await self._can_write.wait()
             if self.transport is None or self.transport.is_closing():
                 return
-            self.transport.write(frame)
-            self.stats.bytes_out += len(frame)
+            self.transport.writelines(frame)  # record sets are written without a copy
+            self.stats.bytes_out += size
             self.stats.answered(head.api_key, time.monotonic() - began)
 
 

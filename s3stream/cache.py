@@ -29,6 +29,10 @@ class ChunkCache:
             self.misses += 1
         return data
 
+    def contains(self, key: tuple[int, int]) -> bool:
+        """Whether the chunk is cached (no hit or miss counted, no recency change)."""
+        return key in self._items
+
     def put(self, key: tuple[int, int], data: bytes | bytearray) -> None:
         if len(data) > self.max_bytes or key in self._items:
             return

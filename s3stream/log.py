@@ -76,6 +76,7 @@ class LogStore(WalMixin, ReaderMixin):
         # stream's chunk in a small WAL object fetches the whole object (see ReaderMixin._fetch)
         self._object_chunks: dict[int, set[tuple[int, int]]] = {}
         self._init_wal()
+        self._init_reader()
         self.flushes = 0
         self.stats = LogStats()  # WAL flushes (the cache counts its own hits), for metrics
         # producer bookkeeping, called synchronously (see s3stream.wal)
@@ -102,6 +103,7 @@ class LogStore(WalMixin, ReaderMixin):
         self._full.set()
         if self._flusher is not None:
             await self._flusher
+        self.cancel_read_ahead()
 
     def load_streams(
         self, streams: Iterable[StreamRow], chunks: Iterable[ChunkRow], keys: dict[int, str]

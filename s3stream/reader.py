@@ -21,6 +21,7 @@ from typing import NamedTuple
 from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, IndexMixin
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore
+from s3stream.readplan import Fetch, Get, InFlight, span
 from s3stream.wal import WalSettings
 
 log = logging.getLogger("s3stream.log")  # the name operators' log filters know
@@ -61,12 +62,27 @@ def check_contiguous(chunks: list[ChunkData], offset: int) -> None:
             )
 
 
+def _fail(flight: InFlight, e: BaseException) -> None:
+    """Hand a GET's failure to whoever waits for it (a cancelled GET: retriable, as a race)."""
+    if not isinstance(e, Exception):
+        e = ReadRaceError(f"the GET this read waited for stopped: {e!r}")
+    flight.blob.set_exception(e)
+    flight.blob.exception()  # retrieved: nobody may be waiting
+
+
 class ReaderMixin(IndexMixin):
-    """The read path of `s3stream.log.LogStore` (which sets these attributes)."""
+    """The read path of `s3stream.log.LogStore` (which sets these attributes and calls
+    `_init_reader`)."""
 
     objects: ObjectStore
     settings: WalSettings
     cache: ChunkCache
+
+    def _init_reader(self) -> None:
+        # chunks (object id, position) a GET under way will bring: a read waits for it
+        self._inflight: dict[tuple[int, int], InFlight] = {}
+        self._ahead: dict[int, asyncio.Future[None]] = {}  # read-ahead under way, by stream
+        self._ahead_bytes = 0
 
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """(base offset, bytes) of `read_chunks`."""
@@ -98,15 +114,48 @@ class ReaderMixin(IndexMixin):
         if offset >= st.end_offset or not chunks:
             return []
         first = max(0, bisect.bisect_right(bases, offset) - 1)
-        end, total = first, 0  # the chunks wanted: from the one holding offset to max_bytes
-        while end < len(chunks) and (end == first or total < max_bytes):
-            total += chunks[end].length
-            end += 1
-        got = await self._fetch(chunks, first, end)
+        end = span(chunks, first, max_bytes)  # from the one holding offset to max_bytes
+        got = await self._fetch(chunks, first, end, max_bytes)
+        self._read_ahead(stream_id, chunks, end, max_bytes)
         return [
             ChunkData(c.base_offset, c.last_offset, got[(c.object_id, c.position)])
             for c in chunks[first:end]
         ]
+
+    def _read_ahead(self, stream_id: int, chunks: list[Chunk], start: int, want: int) -> None:
+        """Fetch, in the background, the chunks a reader that asked for `want` bytes will ask
+        for next (chunks[start:] of a snapshot, `want` bytes of them), so that its next read
+        finds them in the cache while it is still busy with this one. One read-ahead per
+        stream at a time; the bytes of all read-aheads in flight stay within a quarter of the
+        cache, and what they fetch goes into the cache like any read."""
+        if start >= len(chunks) or stream_id in self._ahead:
+            return
+        end = span(chunks, start, want)
+        todo = [
+            c for c in chunks[start:end]
+            if (c.object_id, c.position) not in self._inflight
+            and not self.cache.contains((c.object_id, c.position))
+        ]
+        size = sum(c.length for c in todo)
+        if not todo or self._ahead_bytes + size > self.cache.max_bytes // 4:
+            return
+        self._ahead_bytes += size
+        plan = self._begin(chunks, start, end, want)  # in flight now: see _begin
+
+        async def run() -> None:
+            try:
+                await self._finish(plan)
+            except Exception as e:  # a reader that needs these chunks reads them itself
+                log.debug("read-ahead of stream %d failed: %r", stream_id, e)
+            finally:
+                self._ahead_bytes -= size
+                self._ahead.pop(stream_id, None)
+
+        self._ahead[stream_id] = asyncio.ensure_future(run())
+
+    def cancel_read_ahead(self) -> None:
+        for task in self._ahead.values():
+            task.cancel()
 
     def _key(self, object_id: int) -> str:
         key = self._object_keys.get(object_id)
@@ -114,70 +163,135 @@ class ReaderMixin(IndexMixin):
             raise ObjectNotFoundError(f"object {object_id}")
         return key
 
-    def _extends(self, run: list[Chunk], c: Chunk) -> bool:
-        """Whether `c` is stored right after the run in the same object, within the
-        read-ahead budget (so one range GET can cover both)."""
+    def _budget(self, want: int) -> int:
+        """Bytes one range GET may cover for a read that asked for `want` bytes: the read-ahead
+        setting, or what the read asked for if more, within a quarter of the cache."""
+        return min(max(self.settings.readahead_bytes, want), self.cache.max_bytes // 4)
+
+    @staticmethod
+    def _extends(run: list[Chunk], c: Chunk, budget: int) -> bool:
+        """Whether `c` is stored right after the run in the same object, within `budget`
+        (so one range GET can cover both)."""
         head, last = run[0], run[-1]
         return (
             c.object_id == head.object_id
             and c.position == last.position + last.length
-            and c.position + c.length - head.position <= self.settings.readahead_bytes
+            and c.position + c.length - head.position <= budget
         )
-    async def _fetch(
-        self, chunks: list[Chunk], first: int, end: int
-    ) -> dict[tuple[int, int], bytes]:
-        """The bytes of chunks[first:end] (of a snapshot), by (object id, position): from the
-        cache, else by range GETs, each covering a run of chunks stored back to back in one
-        object, up to READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one
-        GET per chunk). The last run reads ahead over the chunks stored after it, within the
-        read-ahead budget. A GET in an object whose live chunks span at most the read-ahead
-        budget (and a quarter of the cache) covers them all, every stream's: a catch-up of many
-        partitions then makes one GET per WAL object, not one per partition and object.
-        Everything fetched is cached, so the next read finds it."""
-        got: dict[tuple[int, int], bytes] = {}
+
+    def _plan(
+        self,
+        chunks: list[Chunk],
+        first: int,
+        end: int,
+        budget: int,
+        got: dict[tuple[int, int], bytes],
+    ) -> tuple[list[list[Chunk]], dict[tuple[int, int], InFlight]]:
+        """Runs of chunks[first:end] to GET (chunks stored back to back in one object), after
+        what the cache holds (into `got`) and what GETs in flight will bring (returned)."""
         runs: list[list[Chunk]] = []
+        waits: dict[tuple[int, int], InFlight] = {}
         missed = -2  # index of the last chunk that was not in the cache
         for k in range(first, end):
             c = chunks[k]
-            data = self.cache.get((c.object_id, c.position))
+            key = (c.object_id, c.position)
+            data = self.cache.get(key)
             if data is not None:
-                got[(c.object_id, c.position)] = bytes(data)  # a copy only if a bytearray
+                got[key] = bytes(data)  # a copy only if a bytearray
                 continue
-            if runs and missed == k - 1 and self._extends(runs[-1], c):
+            flight = self._inflight.get(key)
+            if flight is not None:
+                waits[key] = flight
+                continue
+            if runs and missed == k - 1 and self._extends(runs[-1], c, budget):
                 runs[-1].append(c)
             else:
                 runs.append([c])
             missed = k
         if runs and missed == end - 1:  # read ahead over what is stored after the last run
             for c in chunks[end:]:
-                if self.cache.get((c.object_id, c.position)) is not None or not self._extends(
-                    runs[-1], c
+                key = (c.object_id, c.position)
+                if (
+                    key in self._inflight
+                    or self.cache.contains(key)
+                    or not self._extends(runs[-1], c, budget)
                 ):
                     break
                 runs[-1].append(c)
-        limit = asyncio.Semaphore(READ_CONCURRENCY)
+        return runs, waits
 
-        async def get(run: list[Chunk]) -> None:
+    async def _fetch(
+        self, chunks: list[Chunk], first: int, end: int, want: int
+    ) -> dict[tuple[int, int], bytes]:
+        """The bytes of chunks[first:end] (of a snapshot), by (object id, position): from the
+        cache, from a GET already in flight (another read's, or a read-ahead's), else by
+        range GETs, each covering a run of chunks stored back to back in one object, up to
+        READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one GET per
+        chunk). The last run reads ahead over the chunks stored after it, within the GET
+        budget (`_budget`: the read-ahead setting or the `want` bytes the read asked for,
+        within a quarter of the cache). A GET in an object whose live chunks span at most that
+        budget covers them all, every stream's: a catch-up of many partitions then makes one
+        GET per WAL object, not one per partition and object.
+        Everything fetched is cached, so the next read finds it."""
+        return await self._finish(self._begin(chunks, first, end, want))
+
+    def _begin(self, chunks: list[Chunk], first: int, end: int, want: int) -> Fetch:
+        """The plan of `_fetch`, its GETs registered as in flight at once (synchronously, so
+        a read planned right after this one waits for them); `_finish` must follow."""
+        got: dict[tuple[int, int], bytes] = {}
+        budget = self._budget(want)
+        runs, waits = self._plan(chunks, first, end, budget, got)
+        gets = []
+        for run in runs:
             oid = run[0].object_id
             lo, hi = run[0].position, run[-1].position + run[-1].length
             others = set(self._object_chunks.get(oid, ()))  # a copy: it is used after the GET
             if others:
                 olo, ohi = min(p for p, _ in others), max(p + n for p, n in others)
-                budget = min(self.settings.readahead_bytes, self.cache.max_bytes // 4)
                 if ohi - olo <= budget and olo <= lo and hi <= ohi:
                     lo, hi = olo, ohi
                 else:
                     others = set()
-            async with limit:
-                blob = await self.objects.get_range(self._key(oid), lo, hi - lo)
-            for p, n in others:
-                self.cache.put((oid, p), blob[p - lo : p - lo + n])
-            for c in run:
-                part = blob[c.position - lo : c.position - lo + c.length]
-                self.cache.put((oid, c.position), part)
-                got[(oid, c.position)] = part
+            flight = InFlight(asyncio.get_running_loop().create_future(), lo)
+            mine = [(oid, p) for p, _ in others] + [(oid, c.position) for c in run]
+            mine = [k for k in mine if k not in self._inflight]
+            for k in mine:
+                self._inflight[k] = flight
+            gets.append(Get(run, hi, others, flight, mine))
+        lengths = {(c.object_id, c.position): c.length for c in chunks[first:end]}
+        return Fetch(got, gets, [(k, f, lengths[k]) for k, f in waits.items()])
 
-        for r in await asyncio.gather(*(get(r) for r in runs), return_exceptions=True):
+    async def _finish(self, plan: Fetch) -> dict[tuple[int, int], bytes]:
+        got = plan.got
+        limit = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def get(g: Get) -> None:
+            oid, lo = g.run[0].object_id, g.flight.lo
+            try:
+                async with limit:
+                    blob = await self.objects.get_range(self._key(oid), lo, g.hi - lo)
+            except BaseException as e:
+                _fail(g.flight, e)
+                raise
+            else:
+                g.flight.blob.set_result(blob)
+                for p, n in g.others:
+                    self.cache.put((oid, p), blob[p - lo : p - lo + n])
+                for c in g.run:
+                    part = blob[c.position - lo : c.position - lo + c.length]
+                    self.cache.put((oid, c.position), part)
+                    got[(oid, c.position)] = part
+            finally:
+                for k in g.mine:
+                    if self._inflight.get(k) is g.flight:
+                        del self._inflight[k]
+
+        async def wait(key: tuple[int, int], flight: InFlight, length: int) -> None:
+            blob = await asyncio.shield(flight.blob)
+            got[key] = blob[key[1] - flight.lo : key[1] - flight.lo + length]
+
+        work = [get(g) for g in plan.gets] + [wait(*w) for w in plan.waits]
+        for r in await asyncio.gather(*work, return_exceptions=True):
             if isinstance(r, BaseException):  # every GET has finished: nothing left running
                 raise r
         return got

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from kio.schema.list_offsets.v1 import request as list_offsets_v1
 
+from broker.engine import StorageEngine
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.apitypes import (
     FETCH,
@@ -23,6 +25,9 @@ from broker.protocol.codec import RequestHead
 from broker.protocol.records import iter_headers
 
 READ_COMMITTED = 1
+# a fetch that has records ready answers without the partitions whose reads take longer than
+# this (from its start): records reach consumers steadily while a cold read fills the cache
+SERVE_WITHIN_S = 0.25
 
 
 @api(FETCH, 4, 12)
@@ -57,7 +62,9 @@ async def _collect(
     budget = max(req.max_bytes, 0)
     total = 0
     errors = False
+    reads = _Reads(storage, [(t.topic, p) for t in req.topics for p in t.partitions], budget)
     topics = []
+    i = 0
     for t in req.topics:
         parts = []
         for p in t.partitions:
@@ -66,13 +73,8 @@ async def _collect(
             try:
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
-                    data = await storage.read(
-                        t.topic,
-                        p.partition,
-                        p.fetch_offset,
-                        max(limit, 0),
-                        must_return_one=total == 0,
-                    )
+                    got = await reads.result(i, budget - total, total > 0)
+                    data = _within(got, max(limit, 0), total == 0)
                 # after the read: the high watermark answered is never below a record served
                 start, hw = storage.offsets(t.topic, p.partition)
                 lso = storage.last_stable_offset(t.topic, p.partition)
@@ -83,6 +85,7 @@ async def _collect(
                     )
             except KafkaError as e:
                 code, errors = e.code, True
+            i += 1
             total += len(data)
             parts.append(
                 build(
@@ -111,6 +114,97 @@ async def _collect(
         responses=tuple(topics),
     )
     return response, total, errors
+
+
+class _Wanted(Protocol):
+    """A partition of a Fetch request (kio's FetchPartition of any served version)."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def fetch_offset(self) -> int: ...
+    @property
+    def partition_max_bytes(self) -> int: ...
+
+
+class _Reads:
+    """The partitions' reads of one fetch, started ahead of their turn: while the response is
+    put together in order, the reads of the partitions after the current one are already
+    under way, as many as the fetch's byte budget could still take (each at most its
+    partition_max_bytes), so a fetch of many partitions waits for the object store about
+    once, not once per partition. Each read asks for at least one batch; `_within` cuts its
+    answer to what the budget left when its turn came, in whole batches. A read whose turn
+    never comes (the budget was spent) still finishes: what it fetched is in the cache for the
+    next fetch."""
+
+    def __init__(
+        self, storage: StorageEngine, parts: list[tuple[str, _Wanted]], budget: int
+    ) -> None:
+        self.storage, self.parts, self.budget = storage, parts, budget
+        self.tasks: list[asyncio.Future[bytes]] = []
+        self.limits: list[int] = []
+        self.ahead = 0  # bytes the started reads whose turn has not come may bring
+        self.began = time.monotonic()
+
+    def _start(self) -> None:
+        topic, p = self.parts[len(self.tasks)]
+        limit = max(min(p.partition_max_bytes, self.budget), 0)
+        read = self.storage.read(topic, p.partition, p.fetch_offset, limit, must_return_one=True)
+        task = asyncio.ensure_future(read)
+        task.add_done_callback(_retrieve)
+        self.tasks.append(task)
+        self.limits.append(limit)
+        self.ahead += limit
+
+    async def result(self, i: int, left: int, have_some: bool) -> bytes:
+        """Partition i's read (its turn has come; the ones after it start while what they may
+        bring stays within `left`, the bytes the budget has left). When the read is not done
+        SERVE_WITHIN_S after the fetch's start and the response already has records
+        (`have_some`) or a later partition's read has some ready, nothing: the read goes on
+        and fills the cache for the next fetch, and records reach the consumer meanwhile."""
+        while len(self.tasks) <= i:
+            self._start()
+        mine, self.limits[i] = self.limits[i], 0
+        self.ahead -= mine
+        while len(self.tasks) < len(self.parts) and self.ahead < left - min(mine, left):
+            self._start()
+        task = self.tasks[i]
+        if not task.done():
+            wait = self.began + SERVE_WITHIN_S - time.monotonic()
+            if wait > 0:
+                await asyncio.wait([task], timeout=wait)
+            # past the time: wait on only while no record is ready for this response
+            while not task.done() and not have_some and not self._ready_after(i):
+                pending = [t for t in self.tasks[i:] if not t.done()]
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                return b""
+        return await task
+
+    def _ready_after(self, i: int) -> bool:
+        """Whether a read started for a partition after i has records."""
+        return any(
+            t.done() and not t.cancelled() and t.exception() is None and t.result()
+            for t in self.tasks[i + 1 :]
+        )
+
+
+def _retrieve(task: asyncio.Future[bytes]) -> None:
+    if not task.cancelled():
+        task.exception()  # a read whose turn never came: its error is nobody's
+
+
+def _within(data: bytes, limit: int, must_return_one: bool) -> bytes:
+    """The whole batches of `data` that fit in `limit` bytes (at least one if
+    must_return_one)."""
+    if len(data) <= limit:
+        return data
+    end = 0
+    for h in iter_headers(data):
+        if h.position + h.size > limit and (end or not must_return_one):
+            break
+        end = h.position + h.size
+    return data[:end]
 
 
 def _below(data: bytes, lso: int) -> bytes:

@@ -131,6 +131,44 @@ def response_type(api_key: int, api_version: int) -> type[Any]:
     return _codec(api_key, api_version).response_type
 
 
+class _Parts:
+    """A write-only buffer for kio's writers that keeps large values (records) as they are,
+    by reference, and copies only the small fields around them into shared bytearrays."""
+
+    BIG = 64 * 1024
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | bytearray | memoryview] = [bytearray(4)]
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = len(data)
+        if n >= self.BIG:  # a bytearray part would be appended to: a view of it instead
+            self.parts.append(memoryview(data) if isinstance(data, bytearray) else data)
+        elif isinstance(tail := self.parts[-1], bytearray):
+            tail += data
+        else:
+            self.parts.append(bytearray(data))
+        self.size += n
+        return n
+
+
+def encode_response_parts(
+    api_key: int, api_version: int, correlation_id: int, response: object
+) -> tuple[list[bytes | bytearray | memoryview], int]:
+    """The size-prefixed response frame as parts to write one after the other (large record
+    sets not copied), and its length."""
+    codec = _codec(api_key, api_version)
+    out = _Parts()
+    header_type = codec.response_type.__header_schema__
+    codec.write_response_header(out, header_type(correlation_id=i32(correlation_id)))
+    codec.write_response(out, response)
+    first = out.parts[0]
+    assert isinstance(first, bytearray)
+    _SIZE.pack_into(first, 0, out.size)
+    return out.parts, out.size + 4
+
+
 def encode_response(
     api_key: int, api_version: int, correlation_id: int, response: object
 ) -> bytes:

@@ -43,7 +43,12 @@ from broker.handlers.base import (
 )
 from broker.handlers.gen_apitypes import path, registered_ranges, render
 from broker.nullstorage import NullStorage
-from broker.protocol.codec import RequestHead, decode_request, encode_response
+from broker.protocol.codec import (
+    RequestHead,
+    decode_request,
+    encode_response,
+    encode_response_parts,
+)
 from tests.rawclient import make_batch
 
 
@@ -208,6 +213,8 @@ async def test_every_handler_answers_every_version(ctx: BrokerContext) -> None:
                 result = await result.coro
             assert result is not NO_RESPONSE, (key, version)
             frame = encode_response(key, version, 7, result)
+            parts, size = encode_response_parts(key, version, 7, result)
+            assert b"".join(parts) == frame and size == len(frame), (key, version)
             resp_cls = load_response_schema(key, version)
             assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
             _header, n = entity_reader(resp_cls.__header_schema__)(frame[4:], 0)
