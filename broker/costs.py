@@ -4,9 +4,10 @@ per partition (bytes appended and served), for the s3stream engine (broker/stora
 s3stream counts by stream id (`s3stream.stats.StreamCosts`, bumped by its object store for
 every successful call): a WAL object holds the partitions of many topics, so its PUT is split
 over them by their bytes in it (fractional requests, so the topics add up to the total); a
-chunk read (GET) goes to the stream read; a stream object's PUT or DELETE (compaction,
-retention) to its stream. What no stream can be named for (WAL objects read or deleted by
-compaction, listings) is `unattributed`. Here stream ids become topics and partitions, at
+chunk read (GET) goes to the stream read, compaction's GET of a WAL object to the streams it
+rewrites by their bytes in it; a stream object's PUT or DELETE (compaction, retention) to its
+stream. What no stream can be named for (WAL objects deleted after compaction, listings) is
+`unattributed`. Here stream ids become topics and partitions, at
 scrape time, from the engine's topic table; a deleted topic's figures are reported as
 `DELETED_TOPIC`. Definitions: README.md, "Metrics and health".
 """
@@ -123,8 +124,8 @@ class CostCollector(Collector):
         yield nbytes
         ureq = CounterMetricFamily(
             "floe_object_store_unattributed_requests",
-            "Successful object-store requests no topic could be named for (WAL objects read "
-            "or deleted by compaction, listings).", labels=["op"])
+            "Successful object-store requests no topic could be named for (WAL objects "
+            "deleted after compaction, listings).", labels=["op"])
         ubytes = CounterMetricFamily("floe_object_store_unattributed_bytes",
                                      "Bytes of those requests.", labels=["op"])
         for op, c in sorted(self.costs.unattributed.items()):

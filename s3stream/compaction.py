@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from s3stream import walformat
 from s3stream.log import LogStore
 from s3stream.metadata import ChunkRow, CommitInDoubtError, MetadataError, ObjectRow
+from s3stream.stats import attributed
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,14 @@ class Compactor:
         if not plan.stream_objects:
             return
         meta = self.store.meta
-        blobs = {o.object_id: await self.store.objects.get(o.key) for o in plan.wal_objects}
+        shares: dict[int, list[tuple[int, float]]] = {}  # object -> its streams' bytes (costs)
+        for sp in plan.stream_objects:
+            for c in sp.chunks:
+                shares.setdefault(c.object_id, []).append((c.stream_id, c.length))
+        blobs = {}
+        for o in plan.wal_objects:
+            with attributed(shares.get(o.object_id, ())):
+                blobs[o.object_id] = await self.store.objects.get(o.key)
         new_objects: list[ObjectRow] = []
         new_chunks: list[ChunkRow] = []
         old_chunks: list[ChunkRow] = []

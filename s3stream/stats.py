@@ -130,7 +130,7 @@ class StreamCosts:
     """Successful object-store requests and their bytes (PUT: written, GET: read) per stream
     and operation; a request shared by several streams counts as each stream's fraction of it,
     so the streams' figures add up to the attributed total. `unattributed`: requests no stream
-    could be named for (a WAL object read or deleted by compaction, listings, probes)."""
+    could be named for (a WAL object deleted once compacted, listings)."""
 
     streams: dict[int, dict[str, Cost]] = field(default_factory=dict)
     unattributed: dict[str, Cost] = field(default_factory=dict)

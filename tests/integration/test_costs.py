@@ -152,3 +152,34 @@ def test_table_costs_grow_with_commits(tmp_path: Path) -> None:
         assert req >= seen[-1][1]
     finally:
         broker.stop()
+
+
+def test_compaction_costs_go_to_the_topics(tmp_path: Path) -> None:
+    """Compaction reads WAL objects (GET split by the topics' bytes in them), writes stream
+    objects (PUT of one topic each) and deletes the WAL objects (DELETE: shared, unattributed)."""
+    broker = BrokerProcess(data_dir=tmp_path / "data", extra_args=[
+        "--metrics", "127.0.0.1:0", "--set", "compaction.interval.ms=300",
+        "--set", "compaction.min.age.ms=0", "--set", "objects.gc.delay.ms=0"]).start()
+    try:
+        admin = broker.admin_address()
+        client = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for f in client.create_topics([NewTopic("big", 1, 1), NewTopic("small", 1, 1)]).values():
+            f.result(10)
+        produce_interleaved(broker.bootstrap, {"big": 300, "small": 100})
+        deadline = time.monotonic() + 30
+        while True:
+            costs = json.loads(fetch(f"http://{admin}/status"))["costs"]
+            if "DELETE" in costs["unattributed"] and all(
+                    "GET" in costs["topics"].get(t, {}) for t in ("big", "small")):
+                break
+            assert time.monotonic() < deadline, costs
+            time.sleep(0.3)
+        get = {t: costs["topics"][t]["GET"]["bytes"] for t in ("big", "small")}
+        assert abs(get["big"] / get["small"] - 3.0) < 0.1
+        assert "GET" not in costs["unattributed"]
+        # PUTs: the WAL objects' (split) plus the stream objects' (one topic each)
+        put = {t: costs["topics"][t]["PUT"]["bytes"] for t in ("big", "small")}
+        assert put["big"] > 2 * 300 * VALUE and put["small"] > 2 * 100 * VALUE
+        assert "PUT" not in costs["unattributed"]
+    finally:
+        broker.stop()
