@@ -7,7 +7,10 @@ definition): a record is
      written by the commit that references them, then the catalog commit), and
   4. visible to a reader: at once after 3 for any reader that loads the table afresh (the
      catalog commit is the visibility point; a reader holding an older snapshot sees it when it
-     refreshes).
+     refreshes). Not timed apart from 3: the SQL catalog's commit is one database transaction
+     moving the metadata pointer, done when the writer's commit returns, and every later
+     `load_table` reads that pointer; a fresh load after it would time the load, not a delay
+     of visibility (README, "Metrics and health").
 
 Each stage's age is that of the oldest acknowledged record not yet through it (0 when none
 waits): `ack_to_converted_seconds` and `ack_to_committed_seconds`; the writer's last commit

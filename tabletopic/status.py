@@ -48,6 +48,10 @@ def render(tables: list[dict[str, Any]]) -> str:
             out.append(f"  PAUSED: {t['paused']}")
         if t["last_error"]:
             out.append(f"  last error: {t['last_error']}")
+        if t.get("costs"):
+            out.append("  warehouse requests: " + ", ".join(
+                f"{op} {c['requests']:.0f} ({c['bytes']:.0f} B)"
+                for op, c in sorted(t["costs"].items())))
         out.append(f"  {'PART':>4} {'LOG END':>10} {'COMMITTED':>10} {'LAG':>8} {'LAG s':>8}"
                    f" {'UNCONVERTED s':>13}")
         fresh = {f["partition"]: f for f in t.get("freshness", {}).get("partitions", [])}

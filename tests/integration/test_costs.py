@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.brokerproc import BrokerProcess
-from tests.integration.tableops import produce, wait_status
+from tests.integration.tableops import cli, produce, status, wait_status
 from tests.integration.test_table_topic import create_table_topic
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
 
@@ -150,6 +150,12 @@ def test_table_costs_grow_with_commits(tmp_path: Path) -> None:
         (req,) = [v for d, v in m["floe_table_object_store_requests_total"]
                   if d["topic"] == "priced" and d["op"] == "PUT"]
         assert req >= seen[-1][1]
+        # `floe table status` prints them (the writer is idle: they hold still)
+        st = status(admin, "priced")
+        code, out, _err = cli(admin, "status")
+        assert code == 0
+        put = st["costs"]["PUT"]
+        assert f"PUT {put['requests']:.0f} ({put['bytes']:.0f} B)" in out
     finally:
         broker.stop()
 
