@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from broker.admin import TableRoutes, serve_admin
-from broker.brokers import brokers_report
+from broker.brokers import Leases, brokers_report
 from broker.cluster import ClusterSettings
 from broker.config import Settings, topic_defaults
 from broker.engine import StorageEngine
@@ -242,15 +242,18 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     tables.states = TableStates(storage.meta)  # operators' pauses (floe table pause)
     await tables.states.open()
     api = TableApi(TableOps(storage, catalog, tables, tables.states))
+    leases = Leases(storage.meta)  # every broker's lease expiry, for /status and the console
     status_server = await _admin(
         settings, metrics, health, tables.status, api.handle,
-        lambda: brokers_report(ctx.node_id, ctx.host, ctx.port, storage.cluster_view()))
+        lambda: brokers_report(ctx.node_id, ctx.host, ctx.port, storage.cluster_view(),
+                               leases.expires_ms))
     registry, registry_server = await start_schema_registry(settings, storage.meta)
     ctx.schemas.attach(registry)
     tables.schemas = registry  # by_schema_id table topics fetch writer schemas from it
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
         asyncio.create_task(health.run(), name="health"),
+        asyncio.create_task(leases.run(), name="broker-leases"),
     ]
     # the engine's own maintenance (compaction, retention, log cleaner), counted in metrics
     for job in storage.maintenance_jobs(settings):

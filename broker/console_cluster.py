@@ -4,7 +4,7 @@ with their offsets, bytes in and out and throughput, and the object-store cost f
 topic (broker/costs.py). Throughput is bytes per second over the last refresh window: the
 admin server keeps a small ring of samples (`Throughput`), one per page served.
 
-Element ids: `broker-N`, `bytes-in-T-P`, `bytes-out-T-P`, `rate-in-T-P`, `rate-out-T-P`,
+Element ids: `broker-N`, `lease-N`, `bytes-in-T-P`, `bytes-out-T-P`, `rate-in-T-P`, `rate-out-T-P`,
 `cost-T-OP-requests`, `cost-T-OP-bytes` (OP: PUT, GET, DELETE, LIST)."""
 
 from __future__ import annotations
@@ -50,16 +50,17 @@ class Throughput:
 def brokers(doc: list[dict[str, Any]]) -> list[str]:
     out = [f"<h2>Brokers ({len(doc)})</h2>",
            "<table><tr><th>node</th><th class='l'>address</th><th class='l'>rack</th>"
-           "<th class='l'>role</th><th>partitions led</th></tr>"]
+           "<th class='l'>role</th><th>partitions led</th><th>lease left (s)</th></tr>"]
     for b in doc:
         role = ", ".join(r for r, on in (("this broker", b["this"]),
                                          ("controller", b["controller"])) if on)
         led = "" if b["partitions_led"] is None else b["partitions_led"]
         out.append(f"<tr id='broker-{b['node_id']}'><td>{b['node_id']}</td>"
                    f"<td class='l'>{e(b['host'])}:{b['port']}</td><td class='l'>"
-                   f"{e(b['rack'] or '')}</td><td class='l'>{e(role)}</td><td>{led}</td></tr>")
-    out.append("</table><p class='muted'>live brokers hold a lease in the metadata database "
-               "(renewed every heartbeat)</p>")
+                   f"{e(b['rack'] or '')}</td><td class='l'>{e(role)}</td><td>{led}</td>"
+                   f"<td id='lease-{b['node_id']}'>{_opt(b.get('lease_remaining_s'))}</td></tr>")
+    out.append("</table><p class='muted'>live brokers hold a lease in the metadata database, "
+               "renewed every heartbeat; the partitions of one whose lease runs out move</p>")
     return out
 
 

@@ -1,6 +1,7 @@
 """The console and /status of brokers sharing one object store and metadata database (issue
-18): each broker lists every live broker, marks itself and the controller, and counts the
-partitions each leads, as its /status says; the page of either broker shows the same."""
+18): each broker lists every live broker, marks itself and the controller, counts the
+partitions each leads and shows each one's lease, as its /status says; the page of either
+broker shows the same."""
 
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ def get(url: str) -> str:
 
 
 def settled(admin: str, partitions: int, timeout: float = 20.0) -> list[dict[str, Any]]:
-    """The brokers of /status once two are live and they lead every partition between them."""
+    """The brokers of /status once two are live, their leases read, and they lead every
+    partition between them."""
     deadline = time.monotonic() + timeout
     while True:
         brokers: list[dict[str, Any]] = json.loads(get(f"http://{admin}/status"))["brokers"]
         if len(brokers) == 2 and sum(b["partitions_led"] for b in brokers) == partitions and \
-                all(b["partitions_led"] for b in brokers):
+                all(b["partitions_led"] and b["lease_expires_ms"] for b in brokers):
             return brokers
         assert time.monotonic() < deadline, brokers
         time.sleep(0.3)
@@ -58,7 +60,12 @@ def test_console_lists_the_live_brokers(tmp_path: Path) -> None:
             for x in brokers:
                 row = ids.text[f"broker-{x['node_id']}"]
                 assert f"{x['host']}:{x['port']}" in row
-                assert row.endswith(str(x["partitions_led"]))
+                lease = ids.text[f"lease-{x['node_id']}"]
+                assert row.removesuffix(lease).endswith(str(x["partitions_led"]))
+                # renewed every 0.5 s for 2 s, read every 1 s: never far from (0, 2]
+                for left in (x["lease_remaining_s"], float(lease)):
+                    assert -0.5 < left <= 2.0
+                assert x["lease_expires_ms"] > 0
                 assert ("this broker" in row) == x["this"]
                 assert ("controller" in row) == x["controller"]
     finally:
