@@ -104,15 +104,16 @@ class KafkaConnection(asyncio.Protocol):
         buf = self._buf
         buf += data
         pos = 0
-        while len(buf) - pos >= 4:
-            size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
-            if size < 0 or size > self.max_request_bytes:
-                self._close(f"request size {size} outside [0, {self.max_request_bytes}]")
-                return
-            if len(buf) - pos - 4 < size:
-                break
-            self._inbox.append(bytes(buf[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
+        with memoryview(buf) as view:  # frames are copied out once (a bytearray slice: twice)
+            while len(buf) - pos >= 4:
+                size = int.from_bytes(view[pos : pos + 4], "big", signed=True)
+                if size < 0 or size > self.max_request_bytes:
+                    self._close(f"request size {size} outside [0, {self.max_request_bytes}]")
+                    return
+                if len(buf) - pos - 4 < size:
+                    break
+                self._inbox.append(bytes(view[pos + 4 : pos + 4 + size]))
+                pos += 4 + size
         if pos:
             del buf[:pos]
             self._inbox_ready.set()
