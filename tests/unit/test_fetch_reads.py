@@ -1,0 +1,84 @@
+"""How one Fetch reads its partitions (broker.handlers.fetch): reads start ahead of their
+turn within the fetch's byte budget, answers are cut to the budget in whole batches (the first
+batch of a response always served), and a partition whose read is slow is answered empty only
+when the response has records to give meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+
+from broker.engine import StorageEngine
+from broker.handlers import fetch
+from broker.protocol import records
+from tests.rawclient import make_batch
+
+
+def batch(base: int, n: int) -> bytes:
+    buf = make_batch([f"v{base + i}".encode() * 10 for i in range(n)])
+    records.assign_offsets(buf, records.validate(buf), base, None)
+    return bytes(buf)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    partition: int
+    fetch_offset: int = 0
+    partition_max_bytes: int = 100
+
+
+class SlowStorage:
+    """read() of partition p waits for gates[p] and answers data[p]; started: in call order."""
+
+    def __init__(self, data: dict[int, bytes]) -> None:
+        self.data = data
+        self.gates = {p: asyncio.Event() for p in data}
+        self.started: list[int] = []
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> bytes:
+        self.started.append(partition)
+        await self.gates[partition].wait()
+        return self.data[partition]
+
+
+def reads(storage: SlowStorage, n: int, budget: int) -> Any:
+    parts = [("t", Wanted(p)) for p in range(n)]
+    return fetch._Reads(cast(StorageEngine, storage), parts, budget)
+
+
+def test_within_cuts_whole_batches_and_keeps_a_first_one() -> None:
+    a, b = batch(0, 2), batch(2, 2)
+    assert fetch._within(a + b, len(a) + len(b), False) == a + b
+    assert fetch._within(a + b, len(a) + 1, False) == a
+    assert fetch._within(a + b, 1, False) == b""
+    assert fetch._within(a + b, 1, True) == a  # KIP-74: the first batch even if too big
+
+
+async def test_reads_start_ahead_within_the_budget() -> None:
+    storage = SlowStorage({p: b"x" for p in range(5)})
+    r = reads(storage, 5, 300)  # each partition may bring 100
+    storage.gates[0].set()
+    assert await r.result(0, 300, False) == b"x"
+    await asyncio.sleep(0)
+    assert storage.started == [0, 1, 2]  # 0's 100 bytes and two more fill the 300
+
+
+async def test_a_slow_read_is_skipped_only_when_records_are_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch, "SERVE_WITHIN_S", 0.01)
+    storage = SlowStorage({0: b"a", 1: b"b", 2: b"c"})
+    r = reads(storage, 3, 1000)
+    storage.gates[1].set()  # partition 1 is ready, 0 is slow
+    assert await r.result(0, 1000, False) == b""  # skipped: 1 has records for this response
+    assert await r.result(1, 1000, False) == b"b"
+    got = asyncio.ensure_future(r.result(2, 999, False))  # nothing else ready: it waits
+    await asyncio.sleep(0.05)
+    assert not got.done()
+    storage.gates[2].set()
+    assert await got == b"c"
