@@ -57,7 +57,10 @@ def test_java_producer_recovers_from_an_expired_transaction(broker: BrokerProces
          str(PROGRAM), broker.bootstrap, "java-expiry", "timeout"],
         capture_output=True, text=True, timeout=TIMEOUT_S,
     )
-    assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n--- broker ---\n{broker.log()[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{proc.stderr[-4000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
+        f"\n--- broker ---\n{broker.log()[-5000:]}"
+    )
     lines = [line.split("\t") for line in proc.stdout.splitlines()]
     expired = [f[1] for f in lines if f[0] == "EXPIRED"]
     assert expired and expired[0].rsplit(".", 1)[-1] == "InvalidProducerEpochException", expired

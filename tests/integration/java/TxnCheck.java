@@ -5,7 +5,7 @@
 // a-0..a-3 and commits d-0..d-1; a zombie producer (transactional.id "zombie") opens a
 // transaction, a second producer with the same id fences it, and the zombie's commit fails;
 // then a read_committed and a read_uncommitted consumer read everything.
-// With "timeout": a producer (transaction.timeout.ms 2000) lets its transaction (t-0) expire,
+// With "timeout": a producer (transaction.timeout.ms 3000) lets its transaction (t-0) expire,
 // its next send fails, it aborts and commits r-0 in its next transaction (KIP-588), then the
 // consumers read as above.
 // Output (stdout, tab-separated):
@@ -92,11 +92,11 @@ public class TxnCheck {
 
     static void expire(String bootstrap, String topic) throws Exception {
         Properties props = new Properties();
-        props.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, "2000");
+        props.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, "3000");
         try (KafkaProducer<byte[], byte[]> p = producer(bootstrap, "expiring", props)) {
             p.beginTransaction();
             send(p, topic, "t", 1);
-            Thread.sleep(4000);  // the coordinator aborts it and bumps the epoch
+            Thread.sleep(6000);  // the coordinator aborts it and bumps the epoch
             String thrown = "none";
             try {
                 send(p, topic, "t-late", 1);
