@@ -1,7 +1,7 @@
 """Object-store cost figures per topic and per table (issue 18), on a broker process with the
 local (file://) store and with S3 (moto's server): records produced to two topics in a known
 proportion; the topics' PUT bytes add up to every WAL object's bytes and split in that
-proportion; /status and /metrics carry the same figures; a table topic's per-table PUT count
+proportion, and reads are paid by the topic read; /status and /metrics carry the same figures; a table topic's per-table PUT count
 and bytes grow with its commits."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.brokerproc import BrokerProcess
+from tests.kafkaread import consume_all
 from tests.integration.tableops import cli, produce, status, wait_status
 from tests.integration.test_table_topic import create_table_topic
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
@@ -103,11 +104,16 @@ def check_topic_costs(broker: BrokerProcess) -> None:
     bins = {(d["topic"], d["partition"]): v for d, v in m["floe_partition_bytes_in_total"]}
     assert 200 * VALUE < bins[("small", "0")] < 200 * VALUE * 1.1
     assert 600 * VALUE < bins[("big", "0")] + bins[("big", "1")] < 600 * VALUE * 1.1
+    # reads (no chunk cache: every read is a GET): the topic read pays for them
+    assert len(consume_all(broker.bootstrap, "small", 1)) == 200
+    costs = json.loads(fetch(f"http://{admin}/status"))["costs"]
+    assert costs["topics"]["small"]["GET"]["bytes"] >= 200 * VALUE
+    assert "GET" not in costs["topics"]["big"] and "GET" not in costs["unattributed"]
 
 
 def test_costs_per_topic_on_the_file_store(tmp_path: Path) -> None:
-    broker = BrokerProcess(data_dir=tmp_path / "data",
-                           extra_args=["--metrics", "127.0.0.1:0"]).start()
+    broker = BrokerProcess(data_dir=tmp_path / "data", extra_args=[
+        "--metrics", "127.0.0.1:0", "--set", "cache.max.bytes=0"]).start()
     try:
         check_topic_costs(broker)
     finally:
@@ -117,8 +123,8 @@ def test_costs_per_topic_on_the_file_store(tmp_path: Path) -> None:
 def test_costs_per_topic_on_s3(tmp_path: Path, s3_endpoint: str) -> None:
     store = f"s3://{BUCKET}/log?endpoint={s3_endpoint}&region=us-east-1&path_style=true"
     broker = BrokerProcess(data_dir=tmp_path / "data",
-                           extra_args=["--metrics", "127.0.0.1:0", "--object-store", store]
-                           ).start()
+                           extra_args=["--metrics", "127.0.0.1:0", "--object-store", store,
+                                       "--set", "cache.max.bytes=0"]).start()
     try:
         check_topic_costs(broker)
     finally:
