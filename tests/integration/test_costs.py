@@ -1,8 +1,8 @@
 """Object-store cost figures per topic and per table (issue 18), on a broker process with the
 local (file://) store and with S3 (moto's server): records produced to two topics in a known
 proportion; the topics' PUT bytes add up to every WAL object's bytes and split in that
-proportion, and reads are paid by the topic read; /status and /metrics carry the same figures; a table topic's per-table PUT count
-and bytes grow with its commits."""
+proportion, and reads are paid by the topic read; /status and /metrics carry the same
+figures; a table topic's per-table PUT count and bytes grow with its commits."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.brokerproc import BrokerProcess
-from tests.kafkaread import consume_all
 from tests.integration.tableops import cli, produce, status, wait_status
 from tests.integration.test_table_topic import create_table_topic
+from tests.kafkaread import consume_all
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, moto_s3
 
 pytestmark = pytest.mark.integration
