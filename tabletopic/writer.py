@@ -27,8 +27,7 @@ from pyiceberg.table import Table
 
 from broker.engine import StorageEngine
 from broker.errors import KafkaError
-from broker.protocol import records
-from broker.protocol.recordcodec import Record, decode_records
+from broker.protocol.recordcodec import Record
 from broker.schemaregistry.errors import RegistryError
 from s3stream.retry import RetryPolicy
 from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
@@ -40,6 +39,7 @@ from tabletopic.dlq import DeadLetters
 from tabletopic.keyconvert import KeyedConverter, ValueConverter, converter, schema_parts
 from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
 from tabletopic.schemaconvert import SchemaById, SchemaConverter, StoredSchemaLike
+from tabletopic.txnfilter import committed_records
 from tabletopic.upsert import Upsert
 
 __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
@@ -215,18 +215,19 @@ class TableWriter:
         for st in self.parts.values():
             if st.stopped or sum(s.bytes for s in self.parts.values()) > MAX_PENDING_BYTES:
                 continue
-            _start, end = self.storage.offsets(self.topic, st.partition)
-            if st.read_next >= end:
+            # read_committed: up to the last stable offset, aborted records and markers skipped
+            lso = self.storage.last_stable_offset(self.topic, st.partition)
+            if st.read_next >= lso:
                 continue
             data = await self.storage.read(
                 self.topic, st.partition, st.read_next, READ_BYTES, must_return_one=True
             )
-            recs: list[Record] = []
-            for h in records.iter_headers(data):
-                recs += [r for r in decode_records(data, h) if r.offset >= st.read_next]
-                last = h.next_offset
-            if not data:
+            got = committed_records(
+                self.storage, self.topic, st.partition, data, st.read_next, lso
+            )
+            if got is None:
                 continue
+            recs, last = got.records, got.next_offset
             for conv, conv_recs, subject in schema_parts(self.converter, recs, cfg):
                 await self._fetch_schemas(conv, conv_recs, subject)
             table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
