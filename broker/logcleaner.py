@@ -25,6 +25,11 @@ the latest record of each key and drops the rest:
   record timestamps unchanged); a later cleaning after the horizon removes them.
 - Keyless records (only possible if written before the topic became compacted) are removed,
   as Kafka's cleaner does; produce refuses them on compacted topics.
+- Transactions (broker.txn): only chunks wholly below the last stable offset are cleanable, so
+  records of open transactions are never cleaned. Records of aborted transactions are no
+  key's latest value: they are removed (and left out of the key map), as Kafka's cleaner
+  does. Markers (control batches) are all kept: Kafka drops one only delete.retention.ms
+  after its transaction's records are gone; keeping it is always safe (a few bytes each).
 - Idempotent producer state lives in the metadata store (`kafka_producer_batches`), not in the log,
   so no batch is kept only for it; kept batches keep producer id, epoch and base sequence.
 - Memory: the key -> latest offset map holds 16-byte BLAKE2b digests of keys (Kafka's
@@ -52,9 +57,12 @@ from typing import Protocol
 
 from crc32c import crc32c
 
+from broker.cluster.node import ClusterNode
 from broker.engine import Topic
 from broker.protocol.recordcodec import DELETE_HORIZON_BIT, RawRecord, decode_raw, encode_records
-from broker.protocol.records import BatchHeader, iter_headers, read_header
+from broker.protocol.records import TRANSACTIONAL_BIT, BatchHeader, iter_headers, read_header
+from broker.txn.index import AbortedTxn
+from broker.txn.partitions import TxnLog
 from s3stream import walformat
 from s3stream.log import Chunk, LogStore, UnknownStreamError
 from s3stream.metadata import ChunkRow, CommitInDoubtError, MetadataError, ObjectRow
@@ -108,6 +116,24 @@ class OffsetMap:
 
     def latest(self, digest: bytes) -> int:
         return self._map.get(digest, -1)
+
+
+class AbortedBatches:
+    """The data batches of aborted transactions: a transactional batch of a producer that
+    starts within one of that producer's aborted ranges (first offset, abort marker)."""
+
+    def __init__(self, ranges: Sequence[AbortedTxn] = ()) -> None:
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        for a in ranges:
+            self._ranges.setdefault(a.producer_id, []).append((a.first_offset, a.last_offset))
+
+    def __contains__(self, h: BatchHeader) -> bool:
+        if h.is_control or not h.attributes & TRANSACTIONAL_BIT:
+            return False
+        return any(f <= h.base_offset < m for f, m in self._ranges.get(h.producer_id, ()))
+
+
+NO_ABORTS = AbortedBatches()
 
 
 @dataclass(frozen=True)
@@ -192,12 +218,16 @@ def filter_batch(
     offsets: OffsetMap,
     now_ms: int,
     delete_retention_ms: int,
+    aborted: AbortedBatches = NO_ABORTS,
 ) -> Filtered:
     """Kafka's retention rule for one batch: keep a record if it has a key, no later record
-    has the same key, and it is not a tombstone whose delete horizon has passed."""
+    has the same key, and it is not a tombstone whose delete horizon has passed; a batch of an
+    aborted transaction goes whole; a control batch (a marker) stays."""
     original = bytes(memoryview(buf)[h.position : h.position + h.size])
     if h.is_control:
         return Filtered(original, False, 0, None)
+    if h in aborted:
+        return Filtered(None, True, h.record_count, None)
     if h.record_count == 0:  # an empty filler of an earlier pass: placed anew if needed
         return Filtered(None, True, 0, None)
     records = decode_raw(buf, h)
@@ -229,11 +259,14 @@ def filter_batch(
     return Filtered(data, True, removed, None)
 
 
-def chunk_keys(data: bytes | bytearray) -> list[tuple[bytes, int]]:
-    """(key digest, offset) of every keyed record of a chunk, in offset order."""
+def chunk_keys(
+    data: bytes | bytearray, aborted: AbortedBatches = NO_ABORTS
+) -> list[tuple[bytes, int]]:
+    """(key digest, offset) of every keyed record of a chunk, in offset order (records of
+    aborted transactions are nobody's latest value)."""
     entries: list[tuple[bytes, int]] = []
     for h in iter_headers(data):
-        if h.is_control or h.record_count == 0:
+        if h.is_control or h.record_count == 0 or h in aborted:
             continue
         for r in decode_raw(data, h):
             if r.key is not None:
@@ -242,11 +275,12 @@ def chunk_keys(data: bytes | bytearray) -> list[tuple[bytes, int]]:
 
 
 def filter_chunk(
-    data: bytes | bytearray, offsets: OffsetMap, now_ms: int, delete_retention_ms: int
+    data: bytes | bytearray, offsets: OffsetMap, now_ms: int, delete_retention_ms: int,
+    aborted: AbortedBatches = NO_ABORTS,
 ) -> list[tuple[BatchHeader, Filtered]]:
     """filter_batch for every batch of a chunk."""
     return [
-        (h, filter_batch(data, h, offsets, now_ms, delete_retention_ms))
+        (h, filter_batch(data, h, offsets, now_ms, delete_retention_ms, aborted))
         for h in iter_headers(data)
     ]
 
@@ -348,6 +382,8 @@ class CleanerStorage(Protocol):
 
     topics: dict[str, Topic]
     log: LogStore
+    txns: TxnLog  # open transactions and aborted ranges of the partitions it serves
+    cluster: ClusterNode
 
 
 class LogCleaner:
@@ -384,10 +420,15 @@ class LogCleaner:
     ) -> bool:
         """Clean one stream if due; returns whether a cleaned range was committed."""
         st = self.log.streams.get(sid)
-        if st is None:
+        # a stream is served once its transactions are rebuilt: its aborted ranges are known
+        if st is None or not self.storage.cluster.serves(sid):
             return False
         chunks = [c for c in st.chunks if c.last_offset >= st.start_offset]  # a snapshot
-        cleanable = cleanable_chunks(chunks, settled, now - policy.min_lag_ms)
+        lso = self.storage.txns.index.lso(sid, st.end_offset)  # open transactions: not cleaned
+        cleanable = [
+            c for c in cleanable_chunks(chunks, settled, now - policy.min_lag_ms)
+            if c.last_offset < lso
+        ]
         if not cleanable:
             return False
         state = self.state.get(sid)
@@ -400,8 +441,9 @@ class LogCleaner:
         end = cleanable[-1].last_offset + 1
         first_dirty = cleanable[0].base_offset if state is None else state.first_dirty
         first_dirty = min(max(first_dirty, cleanable[0].base_offset), end)
+        aborted = AbortedBatches(self.storage.txns.index.aborted(sid, 0, end))
         offsets, clean_end = await self._build_offset_map(
-            [c for c in cleanable if c.last_offset >= first_dirty], stats
+            [c for c in cleanable if c.last_offset >= first_dirty], stats, aborted
         )
         clean_end = max(clean_end, first_dirty) if clean_end > 0 else end
         old = [c for c in cleanable if c.last_offset < clean_end]
@@ -417,7 +459,7 @@ class LogCleaner:
                 # CPU work off the event loop (the GIL still switches every few ms), so
                 # produce and fetch keep their latency while a partition is cleaned
                 filtered = await asyncio.to_thread(
-                    filter_chunk, data, offsets, now, policy.delete_retention_ms
+                    filter_chunk, data, offsets, now, policy.delete_retention_ms, aborted
                 )
                 for h, f in filtered:
                     changed |= f.changed
@@ -488,7 +530,7 @@ class LogCleaner:
                 log.warning("could not delete unused cleaner object %s", o.key)
 
     async def _build_offset_map(
-        self, dirty: list[Chunk], stats: CleanerStats
+        self, dirty: list[Chunk], stats: CleanerStats, aborted: AbortedBatches
     ) -> tuple[OffsetMap, int]:
         """The map of the dirty chunks that fit (whole chunks, at least one), and the end of
         the last chunk taken (0 when there is no dirty chunk)."""
@@ -497,14 +539,16 @@ class LogCleaner:
         for c in dirty:
             data = await self.log.chunk_data(c)
             stats.bytes_read += len(data)
-            if not await asyncio.to_thread(_map_chunk, offsets, data, end == 0):
+            if not await asyncio.to_thread(_map_chunk, offsets, data, end == 0, aborted):
                 break
             end = c.last_offset + 1
         return offsets, end
 
 
-def _map_chunk(offsets: OffsetMap, data: bytes | bytearray, first: bool) -> bool:
-    return offsets.add_chunk(chunk_keys(data), first)
+def _map_chunk(
+    offsets: OffsetMap, data: bytes | bytearray, first: bool, aborted: AbortedBatches
+) -> bool:
+    return offsets.add_chunk(chunk_keys(data, aborted), first)
 
 
 def _now_ms() -> int:
