@@ -107,3 +107,40 @@ def test_table_holds_committed_records_only(tmp_path: Path) -> None:
         assert len(set(offsets)) == len(offsets) == 12  # exactly once
     finally:
         broker.stop()
+
+
+def test_every_third_transaction_aborted(tmp_path: Path) -> None:
+    """Issue 16's criterion: a transactional producer aborting every third transaction over two
+    partitions; the table holds exactly the committed records, each once."""
+    data_dir = tmp_path / "data"
+    broker = start(tmp_path)
+    try:
+        create_table_topic(broker.bootstrap, TOPIC, 2)
+        tx = txn_producer(broker.bootstrap, "table-thirds")
+        want: list[tuple[str, int]] = []
+        for t in range(12):
+            tx.begin_transaction()
+            for i in range(10):
+                tx.produce(TOPIC, doc(f"t{t}", i), partition=i % 2)
+            if t % 3 == 2:
+                tx.flush(30)
+                tx.abort_transaction(30)
+            else:
+                tx.commit_transaction(30)
+                want += [(f"t{t}", i) for i in range(10)]
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "wm"})
+        try:
+            ends = {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10,
+                                               cached=False)[1] for p in range(2)}
+        finally:
+            c.close()
+        deadline = time.monotonic() + 30
+        while offsets_of(data_dir) != ends and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert offsets_of(data_dir) == ends
+        full = table_rows(data_dir, TOPIC)
+        assert sorted((r["tag"], r["id"]) for r in full) == sorted(want)
+        keys = [(r["_kafka"]["partition"], r["_kafka"]["offset"]) for r in full]
+        assert len(set(keys)) == len(keys) == len(want)
+    finally:
+        broker.stop()
