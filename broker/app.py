@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 from broker.admin import TableRoutes, serve_admin
 from broker.brokers import Leases, brokers_report
 from broker.cluster import ClusterSettings
+from broker.cluster.coordinators import drop_moved
 from broker.config import Settings, topic_defaults
 from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
@@ -206,6 +207,9 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     await txn.start()  # finishes transactions stopped between their markers
     ctx = BrokerContext(storage, settings, settings.node_id, host, port, groups, offsets)
     ctx.txn = txn
+    # groups whose coordinator moved elsewhere are unloaded at once, at every heartbeat
+    storage.cluster.listeners.append(lambda v: drop_moved(groups, v, settings.node_id))
+    drop_moved(groups, storage.cluster.view, settings.node_id)
     # produce awaits it before appending to a topic with schema validation on; it holds the
     # produce until the registry below is attached (None when off: such produces then fail)
     ctx.schemas = SchemaValidator()

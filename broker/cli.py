@@ -18,6 +18,7 @@ BROKER_FLAGS = {  # flag -> setting key
     "advertised": "advertised",
     "data_dir": "data.dir",
     "node_id": "node.id",
+    "rack": "broker.rack",
     "object_store": "object.store",
     "metadata": "metadata",
     "log_level": "log.level",
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--advertised", help="HOST:PORT given to clients (default: the bound address)")
     b.add_argument("--data-dir", help="local data directory (default ./floe-data)")
     b.add_argument("--node-id", help="this broker's id (default 0)")
+    b.add_argument("--rack", help="this broker's rack or zone (broker.rack; shown in Metadata)")
     b.add_argument("--object-store", help="object store URL (default file://<data-dir>/objects)")
     b.add_argument("--metadata", help="metadata store URL (default sqlite:///<data-dir>/meta.db)")
     b.add_argument("--log-level", help="debug | info | warning | error")
@@ -80,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     from tabletopic.table_cli import add_parser as add_table_parser
 
     add_table_parser(sub)
+    from broker.cluster.cli import add_parser as add_cluster_parser
+
+    add_cluster_parser(sub)
     g = sub.add_parser("groups", help="consumer groups: list, or describe with lag")
     g.add_argument("action", choices=["list", "describe"])
     g.add_argument("group", nargs="?")
@@ -105,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_local_cluster(args)
     if args.command == "table":
         return _table(args)
+    if args.command == "cluster":
+        from broker.cluster.cli import run as run_cluster
+
+        return run_cluster(args)
     if args.command in ("compact", "sql"):
         from spark_compaction.cli import run as run_spark
 

@@ -38,6 +38,8 @@ class ClusterNode:
                             settings.session_timeout_ms)
         self.held: dict[int, int] = {}  # stream id -> leader epoch, of the partitions served
         self.view = ClusterView()
+        # called with every new view, at once (the group coordinator unloads moved groups)
+        self.listeners: list[Callable[[ClusterView], object]] = []
         self._lease_until = 0.0  # monotonic
         self._task: asyncio.Task[None] | None = None
 
@@ -64,11 +66,19 @@ class ClusterNode:
             log.error("broker %d: registered by another process (same node.id); this one"
                       " serves nothing", self.node_id)
             self._lease_until = 0.0
-            self.view = snap.view
+            self._set_view(snap.view)
             return snap
         self._lease_until = began + self.settings.session_timeout_ms / 1000 - LEASE_MARGIN_S
-        self.view = snap.view
+        self._set_view(snap.view)
         return snap
+
+    def _set_view(self, view: ClusterView) -> None:
+        self.view = view
+        for listener in self.listeners:
+            try:
+                listener(view)
+            except Exception:
+                log.exception("cluster view listener")
 
     def _heartbeat(self) -> Snapshot:
         with self.store._txn() as db:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import TypeVar
 
+from broker.errors import ErrorCode
 from broker.groups import queries
 from broker.groups.model import (
     Clock,
@@ -180,6 +181,16 @@ class GroupCoordinator:
 
     def delete(self, group_id: str) -> None:
         queries.delete(self.groups, group_id)
+
+    def unload(self, group_id: str) -> None:
+        """Forget the group (its coordinator moved to another broker): waiting JoinGroup and
+        SyncGroup requests answer NOT_COORDINATOR, so their members find the new one."""
+        g = self.groups.pop(group_id, None)
+        self._arm(group_id, None)
+        out: list[Effect] = []
+        for m in g.members.values() if g is not None else ():
+            m.fail_waiting(ErrorCode.not_coordinator, "the group's coordinator moved", out)
+        self._apply(out)
 
 
 def _resolve(fut: asyncio.Future[T] | None, value: T) -> None:

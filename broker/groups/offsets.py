@@ -56,6 +56,13 @@ class OffsetStore:
         for r in await self.meta.load_offsets():
             self.offsets.setdefault(r.group_id, {})[(r.topic, r.partition)] = r
 
+    async def reload(self, group_id: str) -> None:
+        """Read one group's committed offsets again (another broker coordinated it)."""
+        rows = [r for r in await self.meta.load_offsets() if r.group_id == group_id]
+        self.offsets.pop(group_id, None)
+        for r in rows:
+            self.offsets.setdefault(group_id, {})[(r.topic, r.partition)] = r
+
     async def commit(
         self, group_id: str, entries: list[tuple[str, int, int, int, str | None]]
     ) -> None:

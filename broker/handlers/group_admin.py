@@ -26,6 +26,7 @@ from broker.handlers.apitypes import (
     ListGroupsResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.coordination import coordinator, here, require_here
 from broker.protocol.codec import RequestHead
 
 AUTHORIZED_OPS_OMITTED = -(2**31)
@@ -36,37 +37,38 @@ async def find_coordinator(
     ctx: BrokerContext, head: RequestHead, req: FindCoordinatorRequest
 ) -> FindCoordinatorResponse:
     key_type = 0 if isinstance(req, FindCoordinatorV0) else req.key_type
-    code, message = ErrorCode.none, None
-    if key_type not in (0, 1):  # groups, transactions: both coordinated by this broker
-        code, message = ErrorCode.invalid_request, "only group and transaction coordinators"
-    node, host, port = (ctx.node_id, ctx.host, ctx.port) if code == 0 else (-1, "", -1)
     if isinstance(req, FindCoordinatorV4):
         coord = nested(head, "Coordinator")
         return build(
             resp(head, FIND_COORDINATOR),
             throttle_time=ZERO_MS,
             coordinators=tuple(
-                build(
-                    coord,
-                    key=k,
-                    node_id=node,
-                    host=host,
-                    port=port,
-                    error_code=code,
-                    error_message=message,
-                )
+                build(coord, key=k, **_coordinator(ctx, key_type, k))
                 for k in req.coordinator_keys
             ),
         )
     return build(
-        resp(head, FIND_COORDINATOR),
-        throttle_time=ZERO_MS,
-        error_code=code,
-        error_message=message,
-        node_id=node,
-        host=host,
-        port=port,
+        resp(head, FIND_COORDINATOR), throttle_time=ZERO_MS, **_coordinator(ctx, key_type, req.key)
     )
+
+
+def _coordinator(ctx: BrokerContext, key_type: int, key: str) -> dict[str, object]:
+    """A group's coordinator is placed over the live brokers (broker.cluster.coordinators);
+    transactions are coordinated by the broker asked (broker/txn is single-broker for now)."""
+    if key_type == 0:
+        b = coordinator(ctx, key)
+        if b is None:
+            return _no_coordinator(ErrorCode.coordinator_not_available, "no live broker")
+        return {"node_id": b.node_id, "host": b.host, "port": b.port,
+                "error_code": ErrorCode.none, "error_message": None}
+    if key_type == 1:
+        return {"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port,
+                "error_code": ErrorCode.none, "error_message": None}
+    return _no_coordinator(ErrorCode.invalid_request, "only group and transaction coordinators")
+
+
+def _no_coordinator(code: ErrorCode, message: str) -> dict[str, object]:
+    return {"node_id": -1, "host": "", "port": -1, "error_code": code, "error_message": message}
 
 
 @api(DESCRIBE_GROUPS, 0, 5)
@@ -77,13 +79,14 @@ async def describe_groups(
     member_cls = nested(head, "DescribedGroupMember")
     out = []
     for gid in req.groups:
-        g = ctx.groups.groups.get(gid)
+        local = await here(ctx, gid)
+        g = ctx.groups.groups.get(gid) if local else None
         if g is None:
-            state = "Empty" if ctx.offsets.of_group(gid) else "Dead"
+            state = "Empty" if local and ctx.offsets.of_group(gid) else "Dead"
             out.append(
                 build(
                     group_cls,
-                    error_code=ErrorCode.none,
+                    error_code=ErrorCode.none if local else ErrorCode.not_coordinator,
                     group_id=gid,
                     group_state=state,
                     protocol_type="",
@@ -155,6 +158,7 @@ async def delete_groups(
     for gid in req.groups_names:
         code = ErrorCode.none
         try:
+            await require_here(ctx, gid)
             if gid not in ctx.groups.groups and not ctx.offsets.of_group(gid):
                 raise KafkaError(ErrorCode.group_id_not_found)
             ctx.groups.delete(gid)

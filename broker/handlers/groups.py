@@ -35,6 +35,7 @@ from broker.handlers.apitypes import (
     SyncGroupResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.coordination import here, require_here
 from broker.protocol.codec import RequestHead
 
 
@@ -49,6 +50,7 @@ async def join_group(
     old = JoinGroupV0 | JoinGroupV1 | JoinGroupV2 | JoinGroupV3 | JoinGroupV4
     instance_id = None if isinstance(req, old) else req.group_instance_id
     try:
+        await require_here(ctx, req.group_id)
         r = await ctx.groups.join(
             req.group_id,
             req.member_id,
@@ -104,6 +106,7 @@ async def sync_group(
 ) -> SyncGroupResponse:
     old = SyncGroupV0 | SyncGroupV1 | SyncGroupV2
     try:
+        await require_here(ctx, req.group_id)
         assignment, ptype, pname = await ctx.groups.sync(
             req.group_id,
             req.generation_id,
@@ -131,6 +134,7 @@ async def heartbeat(
     code = ErrorCode.none
     old = HeartbeatV0 | HeartbeatV1 | HeartbeatV2
     try:
+        await require_here(ctx, req.group_id)
         ctx.groups.heartbeat(
             req.group_id,
             req.generation_id,
@@ -149,10 +153,14 @@ async def leave_group(
     if isinstance(req, LeaveGroupV0 | LeaveGroupV1 | LeaveGroupV2):
         code = ErrorCode.none
         try:
+            await require_here(ctx, req.group_id)
             ctx.groups.leave(req.group_id, req.member_id, None)
         except KafkaError as e:
             code = e.code
         return build(resp(head, LEAVE_GROUP), throttle_time=ZERO_MS, error_code=code)
+    if not await here(ctx, req.group_id):
+        return build(resp(head, LEAVE_GROUP), throttle_time=ZERO_MS,
+                     error_code=ErrorCode.not_coordinator, members=())
     results = []
     member_cls = nested(head, "MemberResponse")
     for m in req.members:

@@ -35,7 +35,7 @@ AUTHORIZED_OPS_OMITTED = -(2**31)
 
 def _brokers(ctx: BrokerContext, view: ClusterView | None) -> list[BrokerInfo]:
     """The live brokers, this one with the address it answers on."""
-    me = BrokerInfo(ctx.node_id, ctx.host, ctx.port, None)
+    me = BrokerInfo(ctx.node_id, ctx.host, ctx.port, ctx.settings.broker_rack)
     others = [] if view is None else [b for b in view.brokers if b.node_id != ctx.node_id]
     return sorted([me, *others], key=lambda b: b.node_id)
 

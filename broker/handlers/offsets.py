@@ -27,6 +27,7 @@ from broker.handlers.apitypes import (
     OffsetFetchResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
+from broker.handlers.coordination import here, require_here
 from broker.protocol.codec import RequestHead
 
 
@@ -51,6 +52,7 @@ async def offset_commit(
     topic_cls = nested(head, "OffsetCommitResponseTopic")
     group_error = None
     try:
+        await require_here(ctx, req.group_id)
         ctx.groups.check_commit(
             req.group_id,
             req.generation_id_or_member_epoch,
@@ -169,12 +171,13 @@ async def offset_fetch(
 ) -> OffsetFetchResponse:
     if isinstance(req, fetch_v8.OffsetFetchRequest):
         group_cls = nested(head, "OffsetFetchResponseGroup")
+        local = {g.group_id: await here(ctx, g.group_id) for g in req.groups}
         groups = tuple(
             build(
                 group_cls,
                 group_id=g.group_id,
-                error_code=ErrorCode.none,
-                topics=_fetch_group(
+                error_code=ErrorCode.none if local[g.group_id] else ErrorCode.not_coordinator,
+                topics=() if not local[g.group_id] else _fetch_group(
                     ctx,
                     head,
                     g.group_id,
@@ -187,6 +190,9 @@ async def offset_fetch(
             for g in req.groups
         )
         return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, groups=groups)
+    if not await here(ctx, req.group_id):
+        return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=(),
+                     error_code=ErrorCode.not_coordinator)
     topics = _fetch_group(
         ctx,
         head,

@@ -39,11 +39,10 @@ from broker.localcluster.s3server import (
 )
 
 UNSAFE_WARNING = (
-    "WARNING: the cluster is partly built (issue 12): partitions move between brokers with "
-    "leases, leader epochs and fenced WAL commits, but every consumer group is coordinated by "
-    "the broker a client asks (groups spread over brokers do not see each other), and a table "
-    "topic whose partitions are led by several brokers stalls (issue 13). Do not keep data "
-    "in it that depends on those."
+    "WARNING: the cluster is partly built (issue 12): partitions and consumer groups move "
+    "between brokers (leases, leader epochs, fenced WAL commits, placed group coordinators), "
+    "but a table topic whose partitions are led by several brokers stalls (issue 13). Do not "
+    "keep data in it that depends on that."
 )
 
 

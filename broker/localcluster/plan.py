@@ -45,6 +45,7 @@ class BrokerSpec:
     metrics: str  # the admin HOST:PORT
     schema_registry: str  # HOST:PORT, or "" (off)
     data_dir: Path
+    rack: str  # broker.rack: zone-a, zone-b, zone-c, zone-a, ...
 
 
 def plan_brokers(
@@ -72,6 +73,7 @@ def plan_brokers(
             metrics=f"{host}:{port(ADMIN_OFFSET + i)}",
             schema_registry=f"{host}:{port(REGISTRY_OFFSET)}" if i == 0 else "",
             data_dir=data_dir / f"broker-{i + 1}",
+            rack=f"zone-{'abc'[i % 3]}",
         ))
     return specs
 
@@ -103,6 +105,7 @@ def broker_args(spec: BrokerSpec, urls: SharedUrls) -> list[str]:
     """`floe broker` flags of one broker (after the `broker` subcommand)."""
     return [
         "--node-id", str(spec.node_id),
+        "--rack", spec.rack,
         "--listen", spec.listen,
         "--advertised", spec.advertised,
         "--data-dir", str(spec.data_dir),

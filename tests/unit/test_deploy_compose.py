@@ -117,13 +117,16 @@ def test_spark_buckets_and_database_are_the_ones_the_brokers_name() -> None:
         assert svc["environment"]["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"]
 
 
-def test_no_rack_setting_is_claimed(capsys: pytest.CaptureFixture[str]) -> None:
-    """Racks (zone-a/b/c) are left out because `floe broker` has no such flag yet; this fails
-    once it has one, so that compose and local-cluster get it then."""
+def test_each_broker_has_its_own_zone() -> None:
+    """Brokers 1-3 in zone-a, zone-b, zone-c (`--rack`, the broker.rack setting), as in the
+    local cluster (compared flag by flag above)."""
+    racks = {n: dict(flags(svc["command"]))["--rack"] for n, svc in broker_services().items()}
+    assert racks == {1: "zone-a", 2: "zone-b", 3: "zone-c"}
+
+
+def test_the_rack_flag_is_the_broker_rack_setting(capsys: pytest.CaptureFixture[str]) -> None:
     from broker.cli import main
 
-    with pytest.raises(SystemExit):
-        main(["broker", "--help"])
-    broker_help = capsys.readouterr().out
-    assert "--node-id" in broker_help and "--rack" not in broker_help
-    assert "rack" not in COMPOSE.read_text().split("services:", 1)[1]
+    assert main(["broker", "--rack", "zone-b", "--print-settings"]) == 0
+    assert any(line.split()[:4] == ["broker.rack", "=", "zone-b", "(flag;"]
+               for line in capsys.readouterr().out.splitlines())

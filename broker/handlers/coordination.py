@@ -1,0 +1,36 @@
+"""Which broker coordinates a group, for the group handlers (groups.py, group_admin.py,
+offsets.py): the placement rule of broker.cluster.coordinators over this broker's cluster view.
+"""
+
+from __future__ import annotations
+
+from broker.cluster.coordinators import coordinator_of, drop_moved, ensure_loaded, is_local
+from broker.cluster.model import BrokerInfo
+from broker.errors import ErrorCode, KafkaError
+from broker.handlers.base import BrokerContext
+
+
+def coordinator(ctx: BrokerContext, key: str) -> BrokerInfo | None:
+    """The broker FindCoordinator names for a group id (None: no live broker known)."""
+    return coordinator_of(key, ctx.storage.cluster_view(), BrokerInfo(
+        ctx.node_id, ctx.host, ctx.port, None))
+
+
+async def here(ctx: BrokerContext, group_id: str) -> bool:
+    """True when this broker coordinates the group; first unloads the groups that moved away
+    since the last cluster view, and reloads a group's committed offsets from the metadata
+    database the first time it is served here (its previous coordinator wrote them)."""
+    view = ctx.storage.cluster_view()
+    drop_moved(ctx.groups, view, ctx.node_id)
+    if not is_local(group_id, view, ctx.node_id):
+        return False
+    if view is not None:
+        await ensure_loaded(ctx.groups, group_id, lambda: ctx.offsets.reload(group_id))
+    return True
+
+
+async def require_here(ctx: BrokerContext, group_id: str) -> None:
+    """Raise NOT_COORDINATOR unless this broker coordinates the group."""
+    if not await here(ctx, group_id):
+        raise KafkaError(ErrorCode.not_coordinator, f"group {group_id} is coordinated by"
+                         " another broker")
