@@ -28,10 +28,18 @@ from tests.integration.test_cluster import (
     node,
     wait_for,
 )
+from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 6
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+    return str(request.getfixturevalue("pg_url"))
 
 
 def group_led_by(node_id: int, nodes: list[int]) -> str:
@@ -47,8 +55,9 @@ def coordinator(bootstrap: str, group: str) -> tuple[int, str, int]:
     return d.coordinator.id, str(d.state), len(d.members)
 
 
-def test_a_group_moves_with_its_coordinator_and_consumption_goes_on(tmp_path: Path) -> None:
-    metadata = f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+def test_a_group_moves_with_its_coordinator_and_consumption_goes_on(
+    tmp_path: Path, metadata: str
+) -> None:
     with cluster(tmp_path, metadata, 3) as brokers:
         bootstrap = ",".join(b.bootstrap for b in brokers)
         create_topic(bootstrap, "t", PARTITIONS)
@@ -158,8 +167,8 @@ def floe(*args: str) -> str:
 
 
 def test_cluster_status_shows_brokers_leaders_and_coordinator_slots(tmp_path: Path) -> None:
-    metadata = f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
-    shared = ["--object-store", (tmp_path / "objects").resolve().as_uri(), "--metadata", metadata]
+    meta = f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+    shared = ["--object-store", (tmp_path / "objects").resolve().as_uri(), "--metadata", meta]
     with contextlib.ExitStack() as stack:
         brokers = [stack.enter_context(running_broker(
             tmp_path / f"b{n}", "--node-id", str(n), "--rack", f"zone-{z}", *shared))
@@ -173,7 +182,7 @@ def test_cluster_status_shows_brokers_leaders_and_coordinator_slots(tmp_path: Pa
         placed: dict[int, int] = {}
         wait_for("two partitions per broker", lambda: placed.update(leaders(bootstrap, "s"))
                  or sorted(placed.values()) == [1, 1, 2, 2])
-        doc = json.loads(floe("cluster", "status", "--metadata", metadata, "--json"))
+        doc = json.loads(floe("cluster", "status", "--metadata", meta, "--json"))
         assert [(b["node_id"], b["live"], b["rack"]) for b in doc["brokers"]] == [
             (1, True, "zone-a"), (2, True, "zone-b")]
         assert {f"{b['host']}:{b['port']}" for b in doc["brokers"]} == {
@@ -185,7 +194,7 @@ def test_cluster_status_shows_brokers_leaders_and_coordinator_slots(tmp_path: Pa
         slots = doc["coordinator_slots"]
         assert len(slots) == COORDINATOR_SLOTS and set(slots.values()) == {1, 2}
         assert slots == {str(s): slot_owner(s, [1, 2]) for s in range(COORDINATOR_SLOTS)}
-        text = floe("cluster", "status", "--metadata", metadata)
+        text = floe("cluster", "status", "--metadata", meta)
         assert "controller" in text and f"s  0:{placed[0]}@" in text
         port = json.loads(floe("cluster", "status", "--metrics", brokers[1].admin_address(),
                                "--json"))
@@ -196,7 +205,7 @@ def test_cluster_status_shows_brokers_leaders_and_coordinator_slots(tmp_path: Pa
         assert "zone-a" in text
         node(brokers, 2).kill()
         wait_for("broker 2's lease to run out", lambda: [
-            b["live"] for b in json.loads(floe("cluster", "status", "--metadata", metadata,
+            b["live"] for b in json.loads(floe("cluster", "status", "--metadata", meta,
                                                "--json"))["brokers"]] == [True, False])
-        text = floe("cluster", "status", "--metadata", metadata)
+        text = floe("cluster", "status", "--metadata", meta)
         assert "dead" in text and "expired" in text
