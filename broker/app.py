@@ -24,6 +24,7 @@ from broker.metadata.tablestate import TableStates
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.nullstorage import NullStorage
+from broker.schemaregistry.external import ExternalRegistry
 from broker.schemaregistry.service import start_schema_registry
 from broker.schemavalidation import SchemaValidator
 from broker.storage import Storage
@@ -217,6 +218,10 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     for collector in storage.collectors():  # the engine's own counters (WAL, cache, objects)
         metrics.register(collector)
     health = _health(settings, storage, catalog)
+    external = None  # schema.registry.url: validation and table topics read it instead
+    if settings.schema_registry_url:
+        external = ExternalRegistry(settings.schema_registry_url)
+        health.add("schema_registry", external.url, external.probe, external.last_error)
     metrics.sources.health = health
     await health.check_all()  # an unreachable store is logged (ERROR) before `listening on`
     server = await serve(ctx, host, port, settings.socket_request_max_bytes, metrics.net)
@@ -252,8 +257,9 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         lambda: brokers_report(ctx.node_id, ctx.host, ctx.port, storage.cluster_view(),
                                leases.expires_ms))
     registry, registry_server = await start_schema_registry(settings, storage.meta)
-    ctx.schemas.attach(registry)
-    tables.schemas = registry  # by_schema_id table topics fetch writer schemas from it
+    source = external if external is not None else registry
+    ctx.schemas.attach(source)
+    tables.schemas = source  # by_schema_id table topics fetch writer schemas from it
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
         asyncio.create_task(health.run(), name="health"),

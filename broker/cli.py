@@ -26,6 +26,7 @@ BROKER_FLAGS = {  # flag -> setting key
     "warehouse": "warehouse",
     "metrics": "metrics",
     "schema_registry": "schema.registry",
+    "schema_registry_url": "schema.registry.url",
 }
 
 
@@ -60,7 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--schema-registry",
-        help="HOST:PORT serving the Schema Registry (default 127.0.0.1:8081; '' disables)",
+        help="HOST:PORT serving the Schema Registry (default 127.0.0.1:8081, off when "
+        "--schema-registry-url is set; '' disables)",
+    )
+    b.add_argument(
+        "--schema-registry-url",
+        help="http(s)://HOST:PORT of an external Confluent-compatible Schema Registry that "
+        "produce validation and table topics read instead of the built-in one",
     )
     b.add_argument("--config", help="TOML file of settings")
     b.add_argument(

@@ -18,8 +18,8 @@ The id must be one of the live versions of the subject `<topic>-value` / `<topic
   with INVALID_RECORD "schema validation is on but no registry". Setting the configs is not
   refused, because a topic's configs outlive a broker start (a broker restarted without its
   registry must fail closed, not accept unchecked records).
-- The registry's store failing during a lookup: KAFKA_STORAGE_ERROR (retriable), nothing
-  appended.
+- The registry's store failing during a lookup, or an external registry
+  (`schema.registry.url`) unreachable: KAFKA_STORAGE_ERROR (retriable), nothing appended.
 
 Where and why asynchronously: the registry lives in the metadata store (I/O), while
 `StorageEngine.append` is synchronous so that calls made in order get offsets in that order.
@@ -43,13 +43,14 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.config import TopicConfig
 from broker.errors import ErrorCode, KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import decode_raw
 from broker.schemaregistry.errors import RegistryError
-from broker.schemaregistry.registry import SchemaRegistry
+from broker.schemaregistry.registry import SubjectVersion
 
 MAGIC = 0
 HEADER = 5  # magic byte + 4-byte schema id
@@ -76,6 +77,16 @@ def schema_id(data: bytes | memoryview) -> int:
 def subject_for(topic: str, is_key: bool) -> str:
     """Confluent's TopicNameStrategy: `<topic>-key` or `<topic>-value`."""
     return f"{topic}-{'key' if is_key else 'value'}"
+
+
+class RegistryReader(Protocol):
+    """What validation reads: the built-in SchemaRegistry or an external one
+    (broker.schemaregistry.external). A RegistryError is a verdict (no such subject, id); any
+    other exception means the registry is unavailable (retriable)."""
+
+    async def versions(self, subject: str) -> list[int]: ...
+    async def get_version(self, subject: str, version: str) -> SubjectVersion: ...
+    async def get_by_id(self, schema_id: int) -> object: ...
 
 
 class InvalidRecords(KafkaError):
@@ -132,11 +143,11 @@ class SchemaValidator:
     registry is attached once started (`attach`, None when off); checks wait until then."""
 
     def __init__(self) -> None:
-        self._registry: SchemaRegistry | None = None
+        self._registry: RegistryReader | None = None
         self._attached = asyncio.Event()
         self.cache = SubjectIdCache(self._live_ids)
 
-    def attach(self, registry: SchemaRegistry | None) -> None:
+    def attach(self, registry: RegistryReader | None) -> None:
         self._registry = registry
         self.cache.invalidate()
         self._attached.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,22 @@ from types import MappingProxyType
 from typing import Any
 
 from broker.config.defs import ConfigDef, ConfigError, nonneg, positive
+
+
+def check_registry_url(url: str) -> str:
+    """`url` without a trailing slash if it is http(s)://HOST:PORT[/path] (the
+    `schema.registry.url` setting); ConfigError naming the problem otherwise."""
+    want = f"schema.registry.url: expected http(s)://HOST:PORT, got {url!r}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise ConfigError(f"{want} ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(want)
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"{want} (no credentials, query or fragment)")
+    return url.rstrip("/")
 
 _DEFS = [
     ConfigDef("listen", "string", "127.0.0.1:9092", "HOST:PORT to listen on (port 0: any)"),
@@ -65,6 +82,15 @@ _DEFS = [
         "string",
         "127.0.0.1:8081",
         "HOST:PORT serving the Confluent-compatible Schema Registry (off if empty)",
+    ),
+    ConfigDef(
+        "schema.registry.url",
+        "string",
+        None,
+        "http(s)://HOST:PORT of an external Confluent-compatible Schema Registry that produce "
+        "validation and table conversion read instead of the built-in one (which is then not "
+        "served unless schema.registry is given explicitly)",
+        lambda v: not v or bool(check_registry_url(v)),
     ),
     ConfigDef("log.level", "string", "info", choices=("debug", "info", "warning", "error")),
     ConfigDef("auto.create.topics.enable", "boolean", "true"),
@@ -166,6 +192,7 @@ class Settings:
     warehouse: str | None
     metrics: HostPort | None
     schema_registry: HostPort | None
+    schema_registry_url: str | None
     log_level: str
     auto_create_topics_enable: bool
     num_partitions: int
@@ -207,6 +234,9 @@ class Settings:
             elif key == "data.dir":
                 value = Path(value)
             typed[attribute(key)] = value
+        typed["schema_registry_url"] = values.get("schema.registry.url") or None  # '' = off
+        if typed["schema_registry_url"] and sources.get("schema.registry") == "default":
+            typed["schema_registry"] = None  # an external registry: the built-in is not served
         return cls(
             **typed, values=MappingProxyType(dict(values)), sources=MappingProxyType(dict(sources))
         )
