@@ -27,7 +27,7 @@ import io
 import os
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 from pyiceberg.io import InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
@@ -71,19 +71,16 @@ def table_of(location: str) -> str:
 TABLE_IO = TableIO()
 
 
-class CountingWriter:
-    """An output stream that counts one PUT of everything written when it is closed."""
+class _Counted:
+    """A stream that counts one request of `op` with its bytes when it is first closed."""
 
-    def __init__(self, inner: OutputStream, location: str) -> None:
+    op = ""
+
+    def __init__(self, inner: OutputStream | InputStream, location: str) -> None:
         self._inner = inner
         self._location = location
-        self._written = 0
+        self._bytes = 0
         self._closed = False
-
-    def write(self, b: bytes) -> int:
-        n = self._inner.write(b)
-        self._written += len(b)
-        return n
 
     def tell(self) -> int:
         return self._inner.tell()
@@ -92,9 +89,9 @@ class CountingWriter:
         self._inner.close()
         if not self._closed:
             self._closed = True
-            TABLE_IO.count(self._location, "PUT", self._written)
+            TABLE_IO.count(self._location, self.op, self._bytes)
 
-    def __enter__(self) -> CountingWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -104,41 +101,38 @@ class CountingWriter:
         return getattr(self._inner, name)
 
 
-class CountingReader:
+class CountingWriter(_Counted):
+    """An output stream that counts one PUT of everything written when it is closed."""
+
+    op = "PUT"
+
+    def __init__(self, inner: OutputStream, location: str) -> None:
+        super().__init__(inner, location)
+        self._out = inner
+
+    def write(self, b: bytes) -> int:
+        n = self._out.write(b)
+        self._bytes += len(b)
+        return n
+
+
+class CountingReader(_Counted):
     """An input stream that counts one GET with the bytes read when it is closed."""
 
+    op = "GET"
+
     def __init__(self, inner: InputStream, location: str) -> None:
-        self._inner = inner
-        self._location = location
-        self._read = 0
-        self._closed = False
+        super().__init__(inner, location)
+        self._in = inner
 
     def read(self, size: int | None = None) -> bytes:
         # pyarrow's streams take no negative size: None (or < 0) reads to the end
-        data = self._inner.read() if size is None or size < 0 else self._inner.read(size)
-        self._read += len(data)
+        data = self._in.read() if size is None or size < 0 else self._in.read(size)
+        self._bytes += len(data)
         return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return self._inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._inner.tell()
-
-    def close(self) -> None:
-        self._inner.close()
-        if not self._closed:
-            self._closed = True
-            TABLE_IO.count(self._location, "GET", self._read)
-
-    def __enter__(self) -> CountingReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return self._in.seek(offset, whence)
 
 
 class CountedFile(PyArrowFile):
