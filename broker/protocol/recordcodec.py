@@ -21,7 +21,9 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """The zigzag varint at pos and the position after it (CorruptBatchError if over 64 bits;
+    IndexError past the end)."""
     b = buf[pos]
     if b < 0x80:  # one-byte fast path (most lengths and deltas of small records)
         return (b >> 1) ^ -(b & 1), pos + 1
@@ -49,24 +51,24 @@ def decode_records(batch: bytes | bytearray | memoryview, h: BatchHeader) -> lis
     pos = 0
     try:
         for _ in range(h.record_count):
-            length, pos = _varint(body, pos)
+            length, pos = read_varint(body, pos)
             end = pos + length
             pos += 1  # attributes (unused in v2)
-            ts_delta, pos = _varint(body, pos)
-            off_delta, pos = _varint(body, pos)
-            klen, pos = _varint(body, pos)
+            ts_delta, pos = read_varint(body, pos)
+            off_delta, pos = read_varint(body, pos)
+            klen, pos = read_varint(body, pos)
             key = None if klen < 0 else body[pos : pos + klen]
             pos += max(klen, 0)
-            vlen, pos = _varint(body, pos)
+            vlen, pos = read_varint(body, pos)
             value = None if vlen < 0 else body[pos : pos + vlen]
             pos += max(vlen, 0)
-            count, pos = _varint(body, pos)
+            count, pos = read_varint(body, pos)
             headers = []
             for _h in range(count):
-                hklen, pos = _varint(body, pos)
+                hklen, pos = read_varint(body, pos)
                 hkey = body[pos : pos + hklen].decode("utf-8", "replace")
                 pos += hklen
-                hvlen, pos = _varint(body, pos)
+                hvlen, pos = read_varint(body, pos)
                 hval = None if hvlen < 0 else body[pos : pos + hvlen]
                 pos += max(hvlen, 0)
                 headers.append((hkey, hval))
@@ -150,15 +152,15 @@ def decode_raw(batch: bytes | bytearray | memoryview, h: BatchHeader) -> list[Ra
     pos = 0
     try:
         for _ in range(h.record_count):
-            length, pos = _varint(body, pos)
+            length, pos = read_varint(body, pos)
             end = pos + length
             pos += 1  # attributes (unused in v2)
-            ts_delta, pos = _varint(body, pos)
-            off_delta, pos = _varint(body, pos)
-            klen, pos = _varint(body, pos)
+            ts_delta, pos = read_varint(body, pos)
+            off_delta, pos = read_varint(body, pos)
+            klen, pos = read_varint(body, pos)
             key = None if klen < 0 else body[pos : pos + klen]
             pos += max(klen, 0)
-            vlen, pos = _varint(body, pos)
+            vlen, pos = read_varint(body, pos)
             value = None if vlen < 0 else body[pos : pos + vlen]
             pos += max(vlen, 0)
             if end > len(body) or pos > end:

@@ -16,6 +16,7 @@ import time
 
 from crc32c import crc32c
 
+from broker.protocol.recordcodec import read_varint
 from broker.protocol.records import (
     CONTROL_BIT,
     HEADER_SIZE,
@@ -70,7 +71,7 @@ def marker_type(buf: bytes | bytearray | memoryview, h: BatchHeader) -> int | No
     try:
         pos = _skip_varint(body, 0) + 1  # the record's length, its attributes (one byte)
         pos = _skip_varint(body, _skip_varint(body, pos))  # timestamp and offset deltas
-        klen, pos = _read_varint(body, pos)
+        klen, pos = read_varint(body, pos)
         if klen < _KEY.size:
             return None
         version, kind = _KEY.unpack_from(body, pos)
@@ -81,18 +82,5 @@ def marker_type(buf: bytes | bytearray | memoryview, h: BatchHeader) -> int | No
     return int(kind)
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    raw, shift = 0, 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        raw |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos
-        shift += 7
-        if shift > 63:
-            raise CorruptBatchError("varint too long")
-
-
 def _skip_varint(buf: bytes, pos: int) -> int:
-    return _read_varint(buf, pos)[1]
+    return read_varint(buf, pos)[1]
