@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     from broker.cluster.cli import add_parser as add_cluster_parser
 
     add_cluster_parser(sub)
+    from broker.txn.cli import add_parser as add_transactions_parser
+
+    add_transactions_parser(sub)
     g = sub.add_parser("groups", help="consumer groups: list, or describe with lag")
     g.add_argument("action", choices=["list", "describe"])
     g.add_argument("group", nargs="?")
@@ -121,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from broker.cluster.cli import run as run_cluster
 
         return run_cluster(args)
+    if args.command == "transactions":
+        from broker.txn.cli import run as run_transactions
+
+        return run_transactions(args)
     if args.command in ("compact", "sql"):
         from spark_compaction.cli import run as run_spark
 
