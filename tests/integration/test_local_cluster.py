@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from broker.localcluster.launcher import UNSAFE_WARNING
 from broker.localcluster.postgres import PostgresUnavailable, find_bindir, server_user
 from tests.pg import in_ci
 
@@ -192,7 +193,7 @@ def test_local_cluster_runs_reports_and_stops_cleanly(tmp_path: Path, metadata: 
         if metadata == "postgresql":
             postmaster = int(launcher.value("postgres").split()[1])
             launcher.pids |= {postmaster, *children_of(postmaster)}
-        assert "NOT safe" in launcher.stderr_path.read_text()
+        assert UNSAFE_WARNING in launcher.stderr_path.read_text()  # what is not safe yet
         bootstrap = launcher.value("bootstrap").split(",")
         assert len(bootstrap) == 3 and len(set(bootstrap)) == 3
         assert [kafka_node_id(a) for a in bootstrap] == [1, 2, 3]
@@ -227,5 +228,5 @@ def test_a_data_dir_from_an_earlier_run_is_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 2, out
-    assert "is not empty" in out.stderr and "NOT safe" in out.stderr
+    assert "is not empty" in out.stderr and UNSAFE_WARNING in out.stderr
     assert "bootstrap:" not in out.stdout
