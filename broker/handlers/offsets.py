@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from kio.schema.offset_commit.v2 import request as commit_v2
@@ -91,7 +91,32 @@ async def offset_commit(
         except Exception:
             for name, index, *_ in entries:
                 codes[(name, index)] = ErrorCode.coordinator_not_available  # retriable
-    topics = tuple(
+    topics = commit_errors(topic_cls, part_cls, req.topics, codes)
+    return build(resp(head, OFFSET_COMMIT), throttle_time=ZERO_MS, topics=topics)
+
+
+class _CommittedPartition(Protocol):
+    @property
+    def partition_index(self) -> int: ...
+
+
+class _Committed(Protocol):
+    """A topic of an OffsetCommit or TxnOffsetCommit request."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def partitions(self) -> Sequence[_CommittedPartition]: ...
+
+
+def commit_errors(
+    topic_cls: type[Entity], part_cls: type[Entity], topics: Iterable[_Committed],
+    codes: dict[tuple[str, int], ErrorCode],
+) -> tuple[Entity, ...]:
+    """The answer's topics of an offset commit: each requested partition with its code, in
+    the request's order."""
+    return tuple(
         build(
             topic_cls,
             name=t.name,
@@ -104,9 +129,8 @@ async def offset_commit(
                 for p in t.partitions
             ),
         )
-        for t in req.topics
+        for t in topics
     )
-    return build(resp(head, OFFSET_COMMIT), throttle_time=ZERO_MS, topics=topics)
 
 
 class _Wanted(Protocol):

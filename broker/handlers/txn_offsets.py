@@ -15,6 +15,7 @@ from broker.handlers.apitypes import (
     TxnOffsetCommitResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.offsets import commit_errors
 from broker.handlers.txn import coordinator, fenced_code
 from broker.protocol.codec import RequestHead
 
@@ -62,19 +63,5 @@ async def txn_offset_commit(
             codes[(name, index)] = failed
     part_cls = nested(head, "TxnOffsetCommitResponsePartition")
     topic_cls = nested(head, "TxnOffsetCommitResponseTopic")
-    topics = tuple(
-        build(
-            topic_cls,
-            name=t.name,
-            partitions=tuple(
-                build(
-                    part_cls,
-                    partition_index=p.partition_index,
-                    error_code=codes[(t.name, p.partition_index)],
-                )
-                for p in t.partitions
-            ),
-        )
-        for t in req.topics
-    )
+    topics = commit_errors(topic_cls, part_cls, req.topics, codes)
     return build(resp(head, TXN_OFFSET_COMMIT), throttle_time=ZERO_MS, topics=topics)
