@@ -34,8 +34,10 @@ COMPACT = {"cleanup.policy": "compact", "delete.retention.ms": str(RETENTION_MS)
 NOW = 1_700_000_000_000 + 3_600_000  # well after every record's timestamp (encode_batch ts)
 
 
-async def open_storage(root: Path, faulty: bool = False, meta_url: str | None = None) -> Storage:
-    objects = open_object_store((root / "objects").as_uri())
+async def open_storage(
+    root: Path, faulty: bool = False, meta_url: str | None = None, objects_url: str | None = None
+) -> Storage:
+    objects = open_object_store(objects_url or (root / "objects").as_uri())
     store = FaultyStore(objects) if faulty else objects
     meta = SqliteMetadataStore(root / "meta.db") if meta_url is None else open_metadata_store(
         meta_url

@@ -1,6 +1,7 @@
 """The log cleaner and transactions: records of aborted transactions are no key's latest value
 and are removed, markers stay, and nothing at or beyond the last stable offset (an open
-transaction) is cleaned. Read back as a read_committed consumer does (tabletopic.txnfilter)."""
+transaction) is cleaned. Read back as a read_committed consumer does (tabletopic.txnfilter).
+On the local object store and on S3 (moto's server)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,26 @@ from broker.logcleaner import CleanerSettings, LogCleaner
 from broker.protocol import records
 from broker.storage import Storage
 from tabletopic.txnfilter import committed_records
+from tests.s3server import broker_on_s3
 from tests.unit.test_logcleaner import COMPACT, open_storage, read_all, settle
 from tests.unit.test_txn_coordinator import txn_batch
 
 
-@pytest.fixture
-async def storage(tmp_path: Path) -> AsyncIterator[Storage]:
-    s = await open_storage(tmp_path)
+@pytest.fixture(params=["file", "s3"])
+async def storage(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Storage]:
+    """The cleaner deletes data: run on the local object store and on S3 (moto's server)."""
+    url = None
+    if request.param == "s3":
+        args, env = broker_on_s3(request.getfixturevalue("s3_server"))
+        for k, v in env.items():
+            if v:
+                monkeypatch.setenv(k, v)
+            else:
+                monkeypatch.delenv(k, raising=False)
+        url = args[args.index("--object-store") + 1]
+    s = await open_storage(tmp_path, objects_url=url)
     await s.create_topic("t", 1, {**COMPACT, "min.cleanable.dirty.ratio": "0.01"})
     yield s
     await s.close()
