@@ -21,6 +21,7 @@ from broker.handlers import BrokerContext
 from broker.health import Health
 from broker.logcleaner import CleanerStats
 from broker.metadata.tablestate import TableStates
+from broker.metadata.tablework import TableWork
 from broker.metrics import BrokerMetrics, Sources
 from broker.net import close_server, serve
 from broker.nullstorage import NullStorage
@@ -208,6 +209,8 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     await txn.start()  # finishes transactions stopped between their markers
     ctx = BrokerContext(storage, settings, settings.node_id, host, port, groups, offsets)
     ctx.txn = txn
+    ctx.table_work = TableWork(storage.meta)  # table topics' workers, commits and progress
+    await ctx.table_work.open()
     # groups whose coordinator moved elsewhere are unloaded at once, at every heartbeat
     storage.cluster.listeners.append(lambda v: drop_moved(groups, v, settings.node_id))
     drop_moved(groups, storage.cluster.view, settings.node_id)
@@ -249,6 +252,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     )
     metrics.sources.tables = tables.status
     tables.states = TableStates(storage.meta)  # operators' pauses (floe table pause)
+    tables.work = ctx.table_work
     await tables.states.open()
     api = TableApi(TableOps(storage, catalog, tables, tables.states))
     leases = Leases(storage.meta)  # every broker's lease expiry, for /status and the console

@@ -12,6 +12,7 @@ from pyiceberg.catalog import Catalog
 
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
+from broker.metadata.tablework import TableWork
 from tabletopic.config import TableTopicConfig
 from tabletopic.fileio import TABLE_IO
 from tabletopic.freshness import freshness
@@ -42,6 +43,8 @@ class TableTopics:
         # operations (rollback, rebuild) holding a writer here: not overridden by a poll
         self.holds: dict[str, str] = {}
         self.configs: dict[str, TableTopicConfig] = {}  # each writer's, to see changes
+        # workers, commit requests and progress across brokers (set by broker.app)
+        self.work: TableWork | None = None
 
     async def run(self) -> None:
         try:

@@ -30,6 +30,7 @@ from broker.config import Settings
 from broker.engine import StorageEngine
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import OffsetStore
+from broker.metadata.tablework import TableWork
 from broker.protocol.codec import RequestHead, response_type
 from broker.schemavalidation import SchemaValidator
 from broker.txn.coordinator import TxnCoordinator
@@ -79,6 +80,8 @@ class BrokerContext:
     offsets: OffsetStore
     schemas: SchemaValidator | None = None  # produce's schema validation (None: never checks)
     txn: TxnCoordinator | None = None  # the transaction coordinator (None: no transactions)
+    # table topics' progress, for their read-only consumer groups (broker.metadata.tablework)
+    table_work: TableWork | None = None
 
     @property
     def max_wait_cap_s(self) -> float:
