@@ -249,6 +249,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         storage,
         catalog,
         orphan_min_age_s=settings.table_orphan_min_age_ms / 1000,
+        node_id=settings.node_id,
     )
     metrics.sources.tables = tables.status
     tables.states = TableStates(storage.meta)  # operators' pauses (floe table pause)

@@ -189,6 +189,11 @@ class StorageEngine(Protocol):
         the engine's storage; None: this broker alone leads every partition."""
         ...
 
+    def led_epoch(self, topic: str, partition: int) -> int | None:
+        """The leader epoch at which this broker serves the partition now; None when it does
+        not (another broker leads it, or this broker's lease lapsed)."""
+        ...
+
     # -- topics
     def topic(self, name: str) -> Topic:
         """The topic, or UNKNOWN_TOPIC_OR_PARTITION."""

@@ -59,6 +59,10 @@ class NullStorage(TopicTable):
     def cluster_view(self) -> ClusterView | None:
         return None  # nothing shared: this broker leads every partition
 
+    def led_epoch(self, topic: str, partition: int) -> int | None:
+        self.stream_id(topic, partition)  # UNKNOWN_TOPIC_OR_PARTITION if there is none
+        return 0
+
     # -- topics ----------------------------------------------------------------------------
     def _add_partitions(self, t: Topic, count: int) -> None:
         for _ in range(count):

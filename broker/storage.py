@@ -160,6 +160,10 @@ class Storage(TopicTable):
     def cluster_view(self) -> ClusterView | None:
         return self.cluster.view
 
+    def led_epoch(self, topic: str, partition: int) -> int | None:
+        sid = self.stream_id(topic, partition)
+        return self.cluster.held.get(sid) if self.cluster.serves(sid) else None
+
     async def advertise(self, host: str, port: int) -> None:
         """The address clients reach this broker at (Metadata of every broker lists it)."""
         await self.cluster.advertise(host, port)

@@ -107,6 +107,9 @@ class Prepared:
     requirements: tuple[TableRequirement, ...]
     snapshot_id: int  # the snapshot this commit adds
     offsets: dict[int, int]  # floe.offsets after it
+    # the data files were written for this commit alone (prepare), not handed in by workers
+    # (prepare_files: another coordinator may commit those very files; never deleted here)
+    owns_data_files: bool = True
 
 
 def prepare(
@@ -126,14 +129,10 @@ def prepare(
     lost). Raises StaleOffsets when the table is not at `start` for some partition (a
     partition the table does not know yet may start anywhere). Writes the data files; sends
     nothing to the catalog."""
-    current = table_offsets(table)
-    if all(current.get(p) == o for p, o in new.items()):
+    checked = offsets_after(table, start, new)
+    if checked is None:
         return None
-    for p, o in start.items():
-        if current.get(p, o) != o:
-            raise StaleOffsets(f"partition {p}: table at {current.get(p)}, expected {o}")
-    offsets = {**current, **new}
-    encoded = encode_offsets(offsets)
+    offsets, encoded = checked
     meta = table.metadata
     summary = snapshot_summary(topic, encoded)
     tx = table.transaction()
@@ -174,6 +173,22 @@ def prepare(
                 {"default-sort-order-id": meta.default_sort_order_id}),
         ]
     return Prepared(table, updates, tuple(requirements), snapshot_id, offsets)
+
+
+def offsets_after(
+    table: Table, start: dict[int, int], new: dict[int, int]
+) -> tuple[dict[int, int], str] | None:
+    """The table's offsets after a commit of [start, new) on it as loaded, and their
+    encoding; None when it holds exactly `new` already; StaleOffsets when it is not at
+    `start` for some partition (a partition it does not know yet may start anywhere)."""
+    current = table_offsets(table)
+    if all(current.get(p) == o for p, o in new.items()):
+        return None
+    for p, o in start.items():
+        if current.get(p, o) != o:
+            raise StaleOffsets(f"partition {p}: table at {current.get(p)}, expected {o}")
+    offsets = {**current, **new}
+    return offsets, encode_offsets(offsets)
 
 
 def check_updates(
@@ -222,8 +237,9 @@ def send(catalog: Catalog, prepared: Prepared) -> None:
 
 
 def discard_files(prepared: Prepared) -> None:
-    """Delete the files written for a commit that certainly did not land: its data files, new
-    manifests and its manifest list (best effort; the orphan sweep gets what is left)."""
+    """Delete the files written for a commit that certainly did not land: its new manifests,
+    its manifest list and, when it wrote them itself (`owns_data_files`), its data files
+    (best effort; the orphan sweep gets what is left)."""
     io = prepared.table.io
     (snap,) = [u.snapshot for u in prepared.updates if isinstance(u, AddSnapshotUpdate)]
     paths = [snap.manifest_list]
@@ -233,7 +249,8 @@ def discard_files(prepared: Prepared) -> None:
                 continue
             paths.append(m.manifest_path)
             for e in m.fetch_manifest_entry(io, discard_deleted=False):
-                if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == prepared.snapshot_id:
+                if prepared.owns_data_files and e.status == ManifestEntryStatus.ADDED \
+                        and e.snapshot_id == prepared.snapshot_id:
                     paths.append(e.data_file.file_path)
         for path in paths:
             io.delete(path)

@@ -61,6 +61,7 @@ from pyiceberg.table.update import (
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 
+from tabletopic.commit import COMMIT_RETRY, UnexpectedUpdates, covers
 from tabletopic.partitioning import SortBy, parse_sort_by, sort_rows
 
 log = logging.getLogger(__name__)
@@ -191,9 +192,6 @@ def evolve_schema(
     unless it evolved the schema itself, and then this one is rebuilt on top of it (or found
     unnecessary). The last assigned column id requirement makes sure two evolutions racing
     never hand out the same column ids."""
-    # imported here: tabletopic.commit imports this module (it stages workers' files with
-    # append_files)
-    from tabletopic.commit import COMMIT_RETRY, UnexpectedUpdates, covers
 
     def attempt() -> Table:
         table = catalog.load_table(identifier)

@@ -21,6 +21,7 @@ from tabletopic.schemaconvert import SchemaById
 from tabletopic.writer import TableWriter
 
 log = logging.getLogger(__name__)
+REQUEST_POLL_S = 0.1  # how soon a worker sees a commit request made on another broker
 
 
 class TableTopics:
@@ -30,8 +31,10 @@ class TableTopics:
         catalog: Catalog,
         poll_s: float = 0.5,
         orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
+        node_id: int = 0,
     ) -> None:
         self.storage = storage
+        self.node_id = node_id
         self.orphan_min_age_s = orphan_min_age_s
         self.catalog = catalog
         self.poll_s = poll_s
@@ -47,13 +50,33 @@ class TableTopics:
         self.work: TableWork | None = None
 
     async def run(self) -> None:
+        requests = asyncio.create_task(self._follow_requests(), name="table-requests")
         try:
             while True:
                 await self._sync()
                 await asyncio.sleep(self.poll_s)
         finally:
+            requests.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await requests
             for name in list(self.writers):
                 await self._stop(name)
+
+    async def _follow_requests(self) -> None:
+        """Tell the writers of the commit requests of their topics' coordinators (on any
+        broker), every REQUEST_POLL_S."""
+        while True:
+            await asyncio.sleep(REQUEST_POLL_S)
+            if self.work is None or not self.writers:
+                continue
+            try:
+                ids = await self.work.requests()
+            except Exception as e:
+                log.warning("table topics: commit requests could not be read: %r", e)
+                continue
+            for name, (w, _t) in list(self.writers.items()):
+                if name in ids:
+                    w.request_seen(ids[name])
 
     async def _sync(self) -> None:
         if self.states is not None:
@@ -79,8 +102,10 @@ class TableTopics:
                     await self._stop(name)
                 self.configs[name] = cfg
         for name in wanted - set(self.writers):
+            assert self.work is not None, "TableTopics.work is set before run()"
             writer = TableWriter(
-                name, self.storage, self.catalog, self.orphan_min_age_s, self.schemas
+                name, self.storage, self.catalog, self.work, self.node_id,
+                self.orphan_min_age_s, self.schemas
             )
             writer.paused = self.pause_of(name)
             task = asyncio.create_task(writer.run(), name=f"table-topic {name}")

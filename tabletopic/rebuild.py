@@ -37,7 +37,8 @@ from tabletopic.dlq import DeadLetters
 from tabletopic.keyconvert import converter, schema_parts
 from tabletopic.lineage import OPERATION, REBUILT
 from tabletopic.schemaconvert import SchemaById
-from tabletopic.writer import READ_BYTES, TableWriter
+from tabletopic.schemafetch import fetch_schemas
+from tabletopic.writer import READ_BYTES
 
 
 def guards(table: Table) -> list[TableRequirement]:
@@ -78,7 +79,6 @@ async def rebuild(
     tx = table.transaction()
     await asyncio.to_thread(tx.delete, condition(None if everything else frm), summary)
     conv = converter(cfg, table.schema().as_arrow())
-    helper = TableWriter(topic, storage, catalog, schemas=schemas)
     dlq = DeadLetters(storage, cfg.dlq_topic, topic)
     rows = dead = 0
     evolved = False
@@ -94,7 +94,7 @@ async def rebuild(
                          if offset <= r.offset < upto[p]]
                 offset = min(h.next_offset, upto[p])
             for sconv, srecs, subject in schema_parts(conv, recs, cfg):
-                await helper._fetch_schemas(sconv, srecs, subject)
+                await fetch_schemas(schemas, sconv, srecs, subject)
             chunk, invalid = await asyncio.to_thread(conv.convert, p, recs)
             if invalid:
                 await dlq.write(p, invalid)

@@ -47,7 +47,7 @@ from tabletopic.lineage import DLQ_OFFSETS, OPERATION
 from tabletopic.ops import OperationError
 from tabletopic.rebuild import guards
 from tabletopic.schemaconvert import SchemaById
-from tabletopic.writer import TableWriter
+from tabletopic.schemafetch import fetch_schemas
 
 ATTEMPTS = 5  # replays that lost a race to another commit start again, this many times
 UNHELD_ATTEMPTS = 2  # then with the writer held
@@ -156,7 +156,6 @@ class DlqReplay:
                 seen.add((d.partition, d.record.offset))
                 todo.append(d)
         conv = converter(cfg, table.schema().as_arrow())
-        helper = TableWriter(topic, self.storage, self.catalog, schemas=self.schemas)
         tables: list[pa.Table] = []
         replayed: list[DeadLetter] = []
         still_bad: list[dict[str, Any]] = []
@@ -166,7 +165,7 @@ class DlqReplay:
         for p, group in sorted(by_part.items()):
             recs = [d.record for d in group]
             for sconv, srecs, subject in schema_parts(conv, recs, cfg):
-                await helper._fetch_schemas(sconv, srecs, subject)
+                await fetch_schemas(self.schemas, sconv, srecs, subject)
             rows, dead = await asyncio.to_thread(conv.convert, p, recs)
             bad = {i.record.offset: i.reason for i in dead}
             still_bad += [{"partition": p, "offset": o, "reason": r} for o, r in bad.items()]

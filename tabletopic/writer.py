@@ -1,14 +1,23 @@
-"""One table topic's writer: follows every partition's committed log, converts records to
-Arrow, and commits them to the Iceberg table, exactly once.
+"""One table topic's writer on this broker: the worker of every partition the broker leads
+(reads the committed log, converts records to Arrow, writes them as the table's data files
+when a commit is requested), and the topic's commit coordinator while the broker leads
+partition 0 (tabletopic.coordinator).
 
 Exactly once: the table records the next offset of every partition it holds (`floe.offsets`,
-a table property, and in each floe snapshot's summary). Each commit covers the offsets between
-the table's `floe.offsets` as read and the new ones, and is guarded by explicit catalog
-requirements (table UUID, current snapshot id, schema id of the state it read); every commit,
-one whose records all went to the dead-letter topic included, adds a snapshot. The argument is
-in tabletopic.commit. After a crash, a restart or a lost race (StaleOffsets) the writer resumes
-from the table's offsets. Dead letters are written before the commit that moves past them, so
-they are at least once.
+a table property, and in each floe snapshot's summary); the coordinator commits a
+partition's files only from that offset on, under the catalog's compare-and-swap (the
+argument is in tabletopic.commit and tabletopic.coordinator). A worker starts each partition
+it comes to lead (a new leader epoch) from the table's offsets, and again whenever a file
+set of its was dropped (it learns it from the progress the coordinator publishes). Dead
+letters are written before the file set that moves past them is handed in, so they are at
+least once.
+
+The worker's steps, per partition: read up to the last stable offset (read_committed:
+aborted records and markers skipped), convert (schemas fetched from the registry), keep the
+rows; on a commit request (or when it holds more than `commit.max.records` / `.bytes`) write
+them as data files of the table (the table's schema first evolved to hold their columns,
+tabletopic.datafiles) and hand the file set in (broker.metadata.tablework), only while it
+still leads the partition at its epoch.
 """
 
 from __future__ import annotations
@@ -27,43 +36,45 @@ from pyiceberg.table import Table
 
 from broker.engine import StorageEngine
 from broker.errors import KafkaError
-from broker.protocol.recordcodec import Record
-from broker.schemaregistry.errors import RegistryError
-from s3stream.retry import RetryPolicy
-from tabletopic.commit import StaleOffsets, commit_offsets, table_offsets
+from broker.metadata.tablework import Answer, FileSet, TableWork
+from tabletopic.commit import StaleOffsets, covers, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS
 from tabletopic.contract import table_properties as floe_table_properties
 from tabletopic.convert import Invalid
+from tabletopic.coordinator import WRITER_RETRY, Coordinator
+from tabletopic.datafiles import encode, evolve_schema, write_data_files
 from tabletopic.dlq import DeadLetters
 from tabletopic.keyconvert import KeyedConverter, ValueConverter, converter, schema_parts
-from tabletopic.orphans import ORPHAN_MIN_AGE_S, remove_orphan_files
-from tabletopic.schemaconvert import SchemaById, SchemaConverter, StoredSchemaLike
+from tabletopic.orphans import ORPHAN_MIN_AGE_S
+from tabletopic.schemaconvert import SchemaById
+from tabletopic.schemafetch import fetch_schemas
 from tabletopic.txnfilter import committed_records
-from tabletopic.upsert import Upsert
 
 __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
 READ_BYTES = 4 << 20
-MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while commits cannot go through
-# A failed step (catalog or warehouse down, a registry error, ...) is retried forever, everything
-# read kept, after 0.2 s doubling to 5 s (jittered: many table topics share one catalog), back
-# to 0.2 s after a step that worked; the wait ends early when the writer is stopped.
-WRITER_RETRY = RetryPolicy(
-    max_attempts=None, base_delay=0.2, max_delay=5.0, deadline=None, jitter=0.5
-)
+MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while file sets cannot be handed in
+FATE_CHECK_S = 0.1  # how often a worker with file sets waiting looks whether they landed
 
 
 @dataclass
 class PartitionState:
     partition: int
-    committed: int  # the table holds every offset below this
+    committed: int  # the table holds every offset below this (as far as this worker knows)
     read_next: int  # next offset to read from the log
+    epoch: int = 0  # the leader epoch this broker leads the partition at
+    flushed: int = -1  # the end of the last file set handed in (-1: committed)
+    waiting: list[tuple[int, int]] = field(default_factory=list)  # sets handed in: (start, next)
     tables: list[pa.Table] = field(default_factory=list)
     dead: list[Invalid] = field(default_factory=list)
     records: int = 0
     bytes: int = 0
     stopped: str | None = None  # errors.tolerance=none: why this partition stopped
+
+    def __post_init__(self) -> None:
+        if self.flushed < 0:
+            self.flushed = self.committed
 
 
 class TableWriter:
@@ -72,73 +83,120 @@ class TableWriter:
         topic: str,
         storage: StorageEngine,
         catalog: Catalog,
+        work: TableWork,
+        node_id: int = 0,
         orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
         schemas: SchemaById | None = None,
     ) -> None:
         """schemas: the Schema Registry (by_schema_id / by_latest_schema); None when off."""
         self.topic = topic
         self.schemas = schemas
-        self.orphan_min_age_s = orphan_min_age_s
-        self._next_orphan_check = 0.0
         self.storage = storage
         self.catalog = catalog
-        self.parts: dict[int, PartitionState] = {}
+        self.work = work
+        self.node_id = node_id
+        self.parts: dict[int, PartitionState] = {}  # the partitions this broker leads
         self.converter: ValueConverter | KeyedConverter | None = None
         self.dlq: DeadLetters | None = None
-        self.last_commit: float | None = None
         self.last_error: str | None = None
-        self.commits = 0
-        self.rows = 0
-        self._next_commit = 0.0
+        self.requested = 0  # the latest commit request seen
+        self.answered = 0  # the latest one answered
+        self._poke = asyncio.Event()  # a new request, or new progress published
         self._stop = asyncio.Event()
+        self._next_fate_check = 0.0
         # steps retried after an error (WRITER_RETRY), commits rebuilt after a lost race
         self.retries = {"error": 0, "commit_conflict": 0}
         # tabletopic.ops: why an operator or an operation paused this writer (None: running);
         # `idle` once it holds nothing, so that a rollback or rebuild can rewrite the table
-        self.paused: str | None = None
-        self.idle = False
-        self.last_commit_seconds: float | None = None  # Parquet written + catalog commit
+        self._paused: str | None = None
+        self._idle = False
+        self.coordinator = Coordinator(topic, storage, catalog, work, node_id,
+                                       lambda: self.config, self.request_seen,
+                                       orphan_min_age_s)
 
     @property
     def config(self) -> TableTopicConfig:
         return TableTopicConfig.of(self.topic, self.storage.topic(self.topic).config)
 
+    @property
+    def paused(self) -> str | None:
+        return self._paused
+
+    @paused.setter
+    def paused(self, why: str | None) -> None:
+        self._paused = why
+        self.coordinator.paused = why is not None
+
+    @property
+    def idle(self) -> bool:
+        return self._idle and not self.coordinator.busy
+
+    # the coordinator's figures, for status, freshness and the operations
+    @property
+    def commits(self) -> int:
+        return self.coordinator.commits
+
+    @property
+    def rows(self) -> int:
+        return self.coordinator.rows
+
+    @property
+    def last_commit(self) -> float | None:
+        return self.coordinator.last_commit
+
+    @property
+    def last_commit_seconds(self) -> float | None:
+        return self.coordinator.last_commit_seconds
+
     def stop(self) -> None:
         self._stop.set()
 
+    def request_seen(self, commit_id: int) -> None:
+        """A commit request (from the manager's poll, or this broker's coordinator)."""
+        if commit_id > self.requested:
+            self.requested = commit_id
+            self._poke.set()
+
     async def run(self) -> None:
+        coordinating = asyncio.create_task(self.coordinator.run(self._stop),
+                                           name=f"table-coordinator {self.topic}")
+        try:
+            await self._work()
+        finally:
+            coordinating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await coordinating
+
+    async def _work(self) -> None:
         tries = WRITER_RETRY.attempts(
             f"table topic {self.topic}", on_retry=self._retried, logger=log
         )
         while not self._stop.is_set():
             if self.paused is not None:  # resumed, it starts again from the table's offsets
-                self.converter, self.idle = None, True
+                self.converter, self.parts, self._idle = None, {}, True
                 await self._sleep(0.05)
                 continue
-            self.idle = False
+            self._idle = False
             try:
                 if self.converter is None:
                     await self._start()
+                await self._adopt()
                 progressed = await self._read()
-                if time.monotonic() >= self._next_orphan_check:
-                    await self._clean_orphans()
-                if self._commit_due():
-                    await self._commit()
+                if self.parts and any(s.waiting for s in self.parts.values()) \
+                        and time.monotonic() >= self._next_fate_check:
+                    await self._check_fate()
+                if self._answer_due():
+                    await self._answer()
                 elif not progressed:
                     await self._wait()
                 tries.reset()
-            except StaleOffsets as e:
-                log.warning(
-                    "table topic %s: %s; restarting from the table's offsets", self.topic, e
-                )
-                self.converter = None
             except KafkaError as e:
                 if e.code.name == "unknown_topic_or_partition":
                     return  # the topic is gone
                 if e.code.name != "not_leader_or_follower":
                     raise
-                # a partition led by another broker (broker.cluster), or this broker's lease
-                # lapsed while the metadata database was unreachable: keep everything, retry
+                # a partition moved to another broker, or this broker's lease lapsed while
+                # the metadata database was unreachable: the next _adopt sees it
                 self.last_error = f"{type(e).__name__}: {e}"
                 wait = tries.failed(e)
                 assert wait is not None
@@ -152,35 +210,20 @@ class TableWriter:
     def _retried(self, exc: BaseException) -> None:
         self.retries["error"] += 1
 
-    def _commit_conflict(self, exc: BaseException) -> None:
-        self.retries["commit_conflict"] += 1  # from the commit's thread: a statistic
-
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
-    # -- start: the table and where it stands -----------------------------------------------
+    # -- start: the table, and the partitions this broker leads ------------------------------
     async def _start(self) -> None:
         cfg = self.config
         table = await asyncio.to_thread(self._load_or_create, cfg)
-        offsets = table_offsets(table)
-        known = table.schema().as_arrow()
-        self.converter = converter(cfg, known)
+        self.converter = converter(cfg, table.schema().as_arrow())
         self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
         await self.dlq.load()
         self.parts = {}
-        for p in range(len(self.storage.topic(self.topic).streams)):
-            start, _end = self.storage.offsets(self.topic, p)
-            committed = offsets.get(p, start)
-            self.parts[p] = PartitionState(p, committed, max(committed, start))
-        self._next_commit = time.monotonic() + cfg.commit_interval_s
-        log.info(
-            "table topic %s -> %s.%s from offsets %s",
-            self.topic,
-            cfg.namespace,
-            cfg.table,
-            {p: s.read_next for p, s in self.parts.items()},
-        )
+        log.info("table topic %s -> %s.%s: broker %d writes its partitions", self.topic,
+                 cfg.namespace, cfg.table, self.node_id)
 
     def _load_or_create(self, cfg: TableTopicConfig) -> Table:
         self.catalog.create_namespace_if_not_exists(cfg.namespace)
@@ -194,25 +237,62 @@ class TableWriter:
                 properties={**floe_table_properties(self.topic), "format-version": "2"},
             )
 
-    async def _clean_orphans(self) -> None:
-        """Data files of commits that never happened (a crash, a lost race) go after the
-        safety age (tabletopic.orphans); checked at start, then every quarter of the age
-        (between a minute and an hour)."""
-        self._next_orphan_check = time.monotonic() + min(
-            3600.0, max(60.0, self.orphan_min_age_s / 4)
-        )
+    async def _adopt(self) -> None:
+        """Take up the partitions this broker has come to lead (or leads at a new epoch), from
+        the table's offsets; drop those it no longer leads (what they held is another
+        leader's work now)."""
+        count = len(self.storage.topic(self.topic).streams)
+        fresh: dict[int, int] = {}
+        for p in range(count):
+            epoch = self.storage.led_epoch(self.topic, p)
+            st = self.parts.get(p)
+            if epoch is None:
+                if st is not None:
+                    del self.parts[p]
+            elif st is None or st.epoch != epoch:
+                fresh[p] = epoch
+        if not fresh:
+            return
         table = await asyncio.to_thread(self.catalog.load_table, self.config.identifier)
-        await asyncio.to_thread(remove_orphan_files, table, self.orphan_min_age_s)
+        offsets = table_offsets(table)
+        for p, epoch in fresh.items():
+            start, _end = self.storage.offsets(self.topic, p)
+            committed = offsets.get(p, start)
+            self.parts[p] = PartitionState(p, committed, max(committed, start), epoch)
+        log.info("table topic %s: broker %d writes partitions %s from offsets %s", self.topic,
+                 self.node_id, sorted(fresh), {p: self.parts[p].committed for p in fresh})
+
+    async def _check_fate(self) -> None:
+        """Which handed-in file sets landed (the table is past them) and which were dropped
+        (the partition starts again from the table's offsets)."""
+        self._next_fate_check = time.monotonic() + FATE_CHECK_S
+        keys = [(p, start, st.epoch) for p, st in self.parts.items() for start, _n in st.waiting]
+        waiting, progress = await self.work.fate(self.topic, keys)
+        offsets = dict(progress.offsets) if progress is not None else {}
+        for p, st in list(self.parts.items()):
+            if self.parts.get(p) is not st:
+                continue
+            left = []
+            for start, nxt in st.waiting:
+                if (p, start, st.epoch) in waiting:
+                    left.append((start, nxt))
+                elif offsets.get(p, -1) >= nxt:
+                    st.committed = max(st.committed, nxt)
+                else:  # dropped: start again from the table's offsets (the next _adopt)
+                    log.info("table topic %s: file set %d-%d of partition %d was not"
+                             " committed; again from the table's offsets", self.topic, start,
+                             nxt, p)
+                    del self.parts[p]
+                    break
+            else:
+                st.waiting = left
 
     # -- reading and converting -------------------------------------------------------------
     async def _read(self) -> bool:
         assert self.converter is not None
         cfg = self.config
         progressed = False
-        for p in range(len(self.parts), len(self.storage.topic(self.topic).streams)):
-            start, _end = self.storage.offsets(self.topic, p)  # a partition added since
-            self.parts[p] = PartitionState(p, start, start)
-        for st in self.parts.values():
+        for st in list(self.parts.values()):
             if st.stopped or sum(s.bytes for s in self.parts.values()) > MAX_PENDING_BYTES:
                 continue
             # read_committed: up to the last stable offset, aborted records and markers skipped
@@ -229,7 +309,7 @@ class TableWriter:
                 continue
             recs, last = got.records, got.next_offset
             for conv, conv_recs, subject in schema_parts(self.converter, recs, cfg):
-                await self._fetch_schemas(conv, conv_recs, subject)
+                await fetch_schemas(self.schemas, conv, conv_recs, subject)
             table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
             if dead and cfg.tolerance == "none":
                 first = dead[0].record.offset
@@ -238,6 +318,8 @@ class TableWriter:
                 st.stopped = f"offset {first}: {dead[0].reason} (errors.tolerance=none)"
                 last = first
                 dead = []
+            if self.parts.get(st.partition) is not st:
+                continue  # dropped meanwhile
             if table is not None:
                 st.tables.append(table)
                 st.records += table.num_rows
@@ -247,117 +329,75 @@ class TableWriter:
             progressed = True
         return progressed
 
-    async def _fetch_schemas(
-        self, conv: SchemaConverter, recs: list[Record], subject: str
-    ) -> None:
-        """Give the converter every writer schema these records need: their ids (by_schema_id)
-        or the subject's latest version (by_latest_schema), with the schemas they reference.
-        What the registry does not hold (40401/40402/40403) or a registry that is off makes
-        those records invalid (the reason goes to the DLQ); any other registry error is
-        raised: the writer retries, nothing is lost."""
-        if conv.value_type == "by_latest_schema":
-            if self.schemas is None:
-                conv.latest, conv.latest_error = None, "the schema registry is off"
-                return
-            try:
-                latest = (await self.schemas.get_version(subject, "latest")).schema
-            except RegistryError as e:
-                if e.code not in (40401, 40402):
-                    raise
-                conv.latest, conv.latest_error = None, f"no schema for subject {subject!r}"
-                return
-            if latest.id not in conv.schemas:
-                await self._add_schema(conv, latest)
-            conv.latest = latest.id
-            return
-        for sid in sorted(conv.missing_ids(recs)):
-            if self.schemas is None:
-                conv.add_unknown(sid, "the schema registry is off (--schema-registry)")
-                continue
-            try:
-                s = await self.schemas.get_by_id(sid)
-            except RegistryError as e:
-                if e.code != 40403:
-                    raise
-                conv.add_unknown(sid, "not in the schema registry")
-                continue
-            await self._add_schema(conv, s)
-
-    async def _add_schema(self, conv: SchemaConverter, s: StoredSchemaLike) -> None:
-        """Hand a schema to the converter with its references, dependencies first."""
-        registry = self.schemas
-        assert registry is not None
-        deps: list[tuple[str, str]] = []
-        seen: set[int] = set()
-
-        async def walk(refs: tuple[Any, ...], depth: int) -> None:
-            for ref in refs:
-                if depth > 32:
-                    raise RegistryError(422, 42201, "references nested too deeply")
-                target = (await registry.get_version(ref.subject, str(ref.version))).schema
-                if target.id not in seen:
-                    seen.add(target.id)
-                    await walk(target.references, depth + 1)
-                    deps.append((ref.name, target.schema))
-
-        try:
-            await walk(s.references, 0)
-        except RegistryError as e:
-            if e.code not in (40401, 40402, 42201):
-                raise
-            conv.add_unknown(s.id, f"a reference cannot be read: {e}")
-            return
-        conv.add_schema(s.id, s.schema_type, s.schema, deps)
-
-    def _commit_due(self) -> bool:
+    # -- handing file sets in ---------------------------------------------------------------
+    def _answer_due(self) -> bool:
+        if self.requested > self.answered:
+            return True
         cfg = self.config
-        pending = [s for s in self.parts.values() if s.read_next > s.committed]
-        if not pending:
-            self._next_commit = time.monotonic() + cfg.commit_interval_s
-            return False
-        return (
-            time.monotonic() >= self._next_commit
-            or sum(s.records for s in pending) >= cfg.commit_max_records
-            or sum(s.bytes for s in pending) >= cfg.commit_max_bytes
-        )
+        pending = [s for s in self.parts.values() if s.read_next > s.flushed]
+        return bool(pending) and (
+            sum(s.records for s in pending) >= cfg.commit_max_records
+            or sum(s.bytes for s in pending) >= cfg.commit_max_bytes)
 
     async def _wait(self) -> None:
-        timeout = max(0.01, min(0.5, self._next_commit - time.monotonic()))
         keys = [(self.topic, p) for p, s in self.parts.items() if not s.stopped]
-        await self.storage.wait_for_data(keys, timeout)
+        self._poke.clear()
+        data = asyncio.ensure_future(self.storage.wait_for_data(keys, 0.5))
+        poke = asyncio.ensure_future(self._poke.wait())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait([data, poke, stop], timeout=0.5,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (data, poke, stop):
+                t.cancel()
+            await asyncio.gather(data, poke, stop, return_exceptions=True)
 
-    # -- committing ------------------------------------------------------------------------
-    async def _commit(self) -> None:
+    async def _answer(self) -> None:
+        """Write what every led partition holds as data files (dead letters first) and hand
+        the file sets in for the latest request, with the partitions that hold nothing."""
         assert self.dlq is not None
-        parts = [s for s in self.parts.values() if s.read_next > s.committed]
-        for s in parts:  # dead letters first: durable before the offsets move past them
-            if s.dead:
-                await self.dlq.write(s.partition, s.dead)
-        tables = [t for s in parts for t in s.tables]
-        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-        start = {s.partition: s.committed for s in parts}
-        new = {s.partition: s.read_next for s in parts}
-        began = time.monotonic()
-        await asyncio.to_thread(self._commit_sync, data, start, new)
-        self.last_commit_seconds = round(time.monotonic() - began, 3)
-        for s in parts:
-            s.committed = s.read_next
-            s.tables, s.dead, s.records, s.bytes = [], [], 0, 0
-        self.commits += 1
-        self.rows += 0 if data is None else data.num_rows
-        self.last_commit = time.time()
-        self.last_error = None
-        self._next_commit = time.monotonic() + self.config.commit_interval_s
-
-    def _commit_sync(
-        self, data: pa.Table | None, start: dict[int, int], new: dict[int, int]
-    ) -> None:
         cfg = self.config
-        upsert = Upsert(cfg.id_columns, cfg.cdc_field) if cfg.upsert else None
-        commit_offsets(
-            self.catalog, cfg.identifier, self.topic, data, start, new,
-            on_retry=self._commit_conflict, layout=cfg.layout, upsert=upsert,
-        )
+        commit_id = self.requested
+        parts = list(self.parts.values())
+        sets: dict[int, tuple[FileSet | None, int, int]] = {}  # p -> (set, through, rows)
+        table: Table | None = None
+        for st in parts:
+            if st.read_next <= st.flushed:
+                continue
+            if st.dead:  # durable before the offsets move past them
+                await self.dlq.write(st.partition, st.dead)
+            files: list[Any] = []
+            if st.tables:
+                data = pa.concat_tables(st.tables, promote_options="permissive")
+                if table is None or not covers(table, data.schema):
+                    table = await asyncio.to_thread(
+                        evolve_schema, self.catalog, cfg.identifier, data.schema)
+                files = await asyncio.to_thread(
+                    write_data_files, table, data, cfg.layout.sort_by)
+            rows = st.records
+            fs = FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
+                         self.node_id, commit_id, encode(files), rows, len(st.dead), 0)
+            sets[st.partition] = (fs, st.read_next, rows)
+        answers = [
+            Answer(st.partition, st.epoch, sets[st.partition][0] if st.partition in sets
+                   else None, 0 if st.partition in sets else st.records,
+                   0 if st.partition in sets else st.bytes)
+            for st in parts]
+        taken = await self.work.answer(self.topic, self.node_id, commit_id, answers)
+        for st in parts:
+            if self.parts.get(st.partition) is not st:
+                continue
+            if st.partition not in taken:  # not the leader at this epoch any more
+                del self.parts[st.partition]
+                continue
+            if st.partition in sets:
+                _fs, through, _rows = sets[st.partition]
+                st.waiting.append((st.flushed, through))
+                st.flushed = through
+                st.tables, st.dead, st.records, st.bytes = [], [], 0, 0
+        self.answered = max(self.answered, commit_id)
+        self._next_fate_check = 0.0
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -377,12 +417,15 @@ class TableWriter:
             parts.append(
                 {
                     "partition": p,
+                    "writer_node": self.node_id,
+                    "leader_epoch": s.epoch,
                     "log_end_offset": end,
                     "committed_offset": s.committed,
                     "lag_records": end - s.committed,
                     "lag_seconds": round(now - acked, 3) if acked is not None else 0.0,
                     "pending_records": s.records,
                     "dead_letters_pending": len(s.dead),
+                    "file_sets_waiting": len(s.waiting),
                     "stopped": s.stopped,
                 }
             )
@@ -390,13 +433,15 @@ class TableWriter:
             "topic": self.topic,
             "table": f"{cfg.namespace}.{cfg.table}",
             "value_type": cfg.value_type,
+            "node_id": self.node_id,
             "commits": self.commits,
             "rows": self.rows,
             "dead_letters": self.dlq.count if self.dlq else 0,
             "dlq_topic": cfg.dlq_topic,
             "last_commit": self.last_commit,
-            "last_error": self.last_error,
+            "last_error": self.last_error or self.coordinator.last_error,
             "paused": self.paused,
-            "retries": dict(self.retries),
+            "retries": {**self.retries, "commit_conflict": self.coordinator.conflicts},
+            "coordinator": self.coordinator.status(),
             "partitions": parts,
         }

@@ -199,14 +199,19 @@ class TableWork:
         return await self.meta._run(read)
 
     async def settle(self, topic: str, table: str, offsets: Mapping[int, int],
-                     snapshot_id: int | None, done: list[tuple[int, int, int]]) -> None:
+                     snapshot_id: int | None, done: list[tuple[int, int, int]],
+                     node_id: int, leader_epoch: int) -> bool:
         """After a commit (or on finding the table ahead): publish the table's offsets and
         remove the answers `done` (partition, start, epoch): committed ones and those that
         can never be (behind the table, of an old epoch, cut off from the table's offsets).
-        Their files are the table's now, or orphans (tabletopic.orphans)."""
+        Their files are the table's now, or orphans (tabletopic.orphans). Only while
+        `node_id` leads partition 0 at `leader_epoch` (False, nothing done, otherwise): a
+        deposed coordinator publishes nothing."""
 
-        def write() -> None:
+        def write() -> bool:
             with self.meta._txn() as db:
+                if not _leads(db, topic, 0, node_id, leader_epoch, self.meta.for_update):
+                    return False
                 db.executemany("DELETE FROM kafka_table_files WHERE topic=? AND partition=?"
                                " AND start_offset=? AND leader_epoch=?",
                                [(topic, *k) for k in done])
@@ -216,8 +221,9 @@ class TableWork:
                     " snapshot_id=excluded.snapshot_id, commit_ms=excluded.commit_ms",
                     (topic, table, json.dumps({str(p): o for p, o in sorted(offsets.items())}),
                      snapshot_id, _now_ms()))
+                return True
 
-        await self.meta._run(write)
+        return await self.meta._run(write)
 
     # -- the workers -------------------------------------------------------------------------
     async def requests(self) -> dict[str, int]:

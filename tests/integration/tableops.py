@@ -102,7 +102,7 @@ def alter(bootstrap: str, topic: str, cfg: dict[str, str]) -> None:
 def wait_status(admin: str, topic: str, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(ValueError, OSError):
+        with contextlib.suppress(ValueError, OSError, LookupError):  # Lookup: not there yet
             s = status(admin, topic)
             if pred(s):
                 return s

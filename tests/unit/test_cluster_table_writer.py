@@ -1,7 +1,8 @@
 """A table topic's writer on a broker that stops leading its partition for a while (another
 broker leads it, or the broker's lease lapsed while the metadata database was unreachable):
-it gets NOT_LEADER_OR_FOLLOWER from storage, keeps its state and retries, and once the
-partition is served again the table catches up with every record exactly once."""
+it drops the partition (and stops coordinating: partition 0), and once the partition is served
+again it starts from the table's offsets and the table catches up with every record exactly
+once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from broker.cluster import ClusterSettings
+from broker.metadata.tablework import TableWork
 from broker.protocol.recordcodec import encode_batch
 from broker.storage import Storage
 from s3stream.log import WalSettings
@@ -42,7 +44,9 @@ async def test_the_writer_waits_out_a_lapsed_lease_and_catches_up(tmp_path: Path
     )
     await storage.open()
     catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
-    writer = TableWriter(TOPIC, storage, catalog, orphan_min_age_s=3600)
+    work = TableWork(storage.meta)
+    await work.open()
+    writer = TableWriter(TOPIC, storage, catalog, work, node_id=1, orphan_min_age_s=3600)
     task: asyncio.Task[None] | None = None
     ident = ("default", TOPIC)
 
@@ -65,7 +69,8 @@ async def test_the_writer_waits_out_a_lapsed_lease_and_catches_up(tmp_path: Path
         storage.cluster._lease_until = 0.0  # as if the last heartbeat were too long ago
         await asyncio.sleep(0.5)
         assert not task.done(), "the writer gave up"
-        assert writer.last_error is not None and "does not lead" in writer.last_error
+        assert not writer.parts, "the writer still writes a partition it does not serve"
+        assert not writer.coordinator.active, "still coordinating without partition 0"
         await storage._sync()  # a heartbeat renews the lease: served again
         for k in range(3, 6):
             await append(storage, k)
