@@ -66,6 +66,8 @@ def decode_records(batch: bytes | bytearray | memoryview, h: BatchHeader) -> lis
             headers = []
             for _h in range(count):
                 hklen, pos = read_varint(body, pos)
+                if hklen < 0:  # would move pos back: a loop of `count` (up to 2**63) rounds
+                    raise CorruptBatchError("negative header key length")
                 hkey = body[pos : pos + hklen].decode("utf-8", "replace")
                 pos += hklen
                 hvlen, pos = read_varint(body, pos)
