@@ -10,7 +10,9 @@ from kio.schema.list_groups.v1.request import ListGroupsRequest as ListGroupsV1
 from kio.schema.list_groups.v2.request import ListGroupsRequest as ListGroupsV2
 from kio.schema.list_groups.v3.request import ListGroupsRequest as ListGroupsV3
 
+from broker.cluster.coordinators import is_local
 from broker.errors import ErrorCode, KafkaError
+from broker.groups import tablegroups
 from broker.handlers.apitypes import (
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
@@ -78,18 +80,27 @@ async def describe_groups(
     group_cls = nested(head, "DescribedGroup")
     member_cls = nested(head, "DescribedGroupMember")
     out = []
+    tables: dict[str, tablegroups.TableGroup] | None = None  # read once, if asked about
     for gid in req.groups:
         local = await here(ctx, gid)
         g = ctx.groups.groups.get(gid) if local else None
         if g is None:
             state = "Empty" if local and ctx.offsets.of_group(gid) else "Dead"
+            code, ptype = ErrorCode.none if local else ErrorCode.not_coordinator, ""
+            if local and tablegroups.is_table_group(gid):  # a table's: Empty while it has one
+                try:
+                    tables = await tablegroups.read(ctx.table_work) if tables is None else tables
+                    state = tablegroups.EMPTY if gid in tables else "Dead"
+                    ptype = tablegroups.PROTOCOL_TYPE if gid in tables else ""
+                except KafkaError as e:
+                    code = e.code
             out.append(
                 build(
                     group_cls,
-                    error_code=ErrorCode.none if local else ErrorCode.not_coordinator,
+                    error_code=code,
                     group_id=gid,
                     group_state=state,
-                    protocol_type="",
+                    protocol_type=ptype,
                     protocol_data="",
                     members=(),
                     authorized_operations=AUTHORIZED_OPS_OMITTED,
@@ -139,6 +150,14 @@ async def list_groups(
     for gid, g in ctx.groups.groups.items():
         if g.members or gid not in states:
             states[gid] = (g.protocol_type or "consumer", g.state)
+    try:  # the tables' groups (floe-table.*), each listed by the broker coordinating it
+        view = ctx.storage.cluster_view()
+        tables = tablegroups.listed(await tablegroups.read(ctx.table_work))
+        states = {g: s for g, s in states.items() if not tablegroups.is_table_group(g)}
+        states.update((g, s) for g, s in tables.items() if is_local(g, view, ctx.node_id))
+    except KafkaError as e:
+        return build(resp(head, LIST_GROUPS), throttle_time=ZERO_MS, error_code=e.code,
+                     groups=())
     groups = tuple(
         build(listed, group_id=gid, protocol_type=ptype, group_state=state)
         for gid, (ptype, state) in sorted(states.items())
@@ -158,6 +177,7 @@ async def delete_groups(
     for gid in req.groups_names:
         code = ErrorCode.none
         try:
+            tablegroups.refuse(gid)  # floe-table.*: a table's read-only group
             await require_here(ctx, gid)
             if gid not in ctx.groups.groups and not ctx.offsets.of_group(gid):
                 raise KafkaError(ErrorCode.group_id_not_found)

@@ -20,6 +20,7 @@ from kio.schema.sync_group.v2.request import SyncGroupRequest as SyncGroupV2
 
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.coordinator import MemberIdRequired
+from broker.groups.tablegroups import REFUSAL, is_table_group, refuse
 from broker.handlers.apitypes import (
     HEARTBEAT,
     JOIN_GROUP,
@@ -50,6 +51,7 @@ async def join_group(
     old = JoinGroupV0 | JoinGroupV1 | JoinGroupV2 | JoinGroupV3 | JoinGroupV4
     instance_id = None if isinstance(req, old) else req.group_instance_id
     try:
+        refuse(req.group_id)  # floe-table.*: a table's read-only group (tablegroups.REFUSAL)
         await require_here(ctx, req.group_id)
         r = await ctx.groups.join(
             req.group_id,
@@ -106,6 +108,7 @@ async def sync_group(
 ) -> SyncGroupResponse:
     old = SyncGroupV0 | SyncGroupV1 | SyncGroupV2
     try:
+        refuse(req.group_id)
         await require_here(ctx, req.group_id)
         assignment, ptype, pname = await ctx.groups.sync(
             req.group_id,
@@ -134,6 +137,7 @@ async def heartbeat(
     code = ErrorCode.none
     old = HeartbeatV0 | HeartbeatV1 | HeartbeatV2
     try:
+        refuse(req.group_id)
         await require_here(ctx, req.group_id)
         ctx.groups.heartbeat(
             req.group_id,
@@ -153,14 +157,15 @@ async def leave_group(
     if isinstance(req, LeaveGroupV0 | LeaveGroupV1 | LeaveGroupV2):
         code = ErrorCode.none
         try:
+            refuse(req.group_id)
             await require_here(ctx, req.group_id)
             ctx.groups.leave(req.group_id, req.member_id, None)
         except KafkaError as e:
             code = e.code
         return build(resp(head, LEAVE_GROUP), throttle_time=ZERO_MS, error_code=code)
-    if not await here(ctx, req.group_id):
-        return build(resp(head, LEAVE_GROUP), throttle_time=ZERO_MS,
-                     error_code=ErrorCode.not_coordinator, members=())
+    if is_table_group(req.group_id) or not await here(ctx, req.group_id):
+        code = REFUSAL if is_table_group(req.group_id) else ErrorCode.not_coordinator
+        return build(resp(head, LEAVE_GROUP), throttle_time=ZERO_MS, error_code=code, members=())
     results = []
     member_cls = nested(head, "MemberResponse")
     for m in req.members:

@@ -14,6 +14,7 @@ from kio.schema.offset_fetch.v7 import request as fetch_v7
 from kio.schema.offset_fetch.v8 import request as fetch_v8
 
 from broker.errors import ErrorCode, KafkaError
+from broker.groups import tablegroups
 from broker.groups.offsets import MAX_METADATA_BYTES
 from broker.handlers.apitypes import (
     OFFSET_COMMIT,
@@ -28,6 +29,7 @@ from broker.handlers.apitypes import (
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
 from broker.handlers.coordination import here, require_here
+from broker.metadata.model import OffsetRow
 from broker.protocol.codec import RequestHead
 
 
@@ -52,6 +54,7 @@ async def offset_commit(
     topic_cls = nested(head, "OffsetCommitResponseTopic")
     group_error = None
     try:
+        tablegroups.refuse(req.group_id)  # floe-table.*: a table's read-only group
         await require_here(ctx, req.group_id)
         ctx.groups.check_commit(
             req.group_id,
@@ -147,6 +150,25 @@ def _wanted(topics: Iterable[_Wanted] | None) -> dict[str, list[int]] | None:
     return None if topics is None else {t.name: list(t.partition_indexes) for t in topics}
 
 
+class _Offsets(Protocol):
+    """Where committed offsets are read: the OffsetStore, or a table's (tablegroups)."""
+
+    def get(self, group_id: str, topic: str, partition: int) -> OffsetRow | None: ...
+
+    def of_group(self, group_id: str) -> dict[tuple[str, int], OffsetRow]: ...
+
+
+async def _sources(ctx: BrokerContext, group_ids: Iterable[str]) -> dict[str, _Offsets]:
+    """The offsets each group is read from: a table group's are the table's, read from the
+    metadata database once for the request."""
+    ids = set(group_ids)
+    if not any(tablegroups.is_table_group(g) for g in ids):
+        return dict.fromkeys(ids, ctx.offsets)
+    tables = await tablegroups.read(ctx.table_work)
+    return {g: tables.get(g, tablegroups.NoOffsets()) if tablegroups.is_table_group(g)
+            else ctx.offsets for g in ids}
+
+
 def _fetch_group(
     ctx: BrokerContext,
     head: RequestHead,
@@ -155,6 +177,7 @@ def _fetch_group(
     part_name: str,
     topic_name: str,
     require_stable: bool,
+    offsets: _Offsets,
 ) -> tuple[Entity, ...]:
     """The group's committed offsets; with require_stable (read_committed consumers), a
     partition with a transactional offset still pending answers UNSTABLE_OFFSET_COMMIT (the
@@ -163,7 +186,7 @@ def _fetch_group(
     topic_cls = nested(head, topic_name)
     if topics is None:  # all committed offsets of the group
         wanted: dict[str, list[int]] = {}
-        for t, p in sorted(ctx.offsets.of_group(group_id)):
+        for t, p in sorted(offsets.of_group(group_id)):
             wanted.setdefault(t, []).append(p)
     else:
         wanted = topics
@@ -171,7 +194,7 @@ def _fetch_group(
     for name, partitions in wanted.items():
         parts = []
         for p in partitions:
-            row = ctx.offsets.get(group_id, name, p)
+            row = offsets.get(group_id, name, p)
             code = ErrorCode.none
             if require_stable and ctx.txn and ctx.txn.has_pending_offset(group_id, name, p):
                 row, code = None, ErrorCode.unstable_offset_commit
@@ -195,13 +218,20 @@ async def offset_fetch(
 ) -> OffsetFetchResponse:
     if isinstance(req, fetch_v8.OffsetFetchRequest):
         group_cls = nested(head, "OffsetFetchResponseGroup")
-        local = {g.group_id: await here(ctx, g.group_id) for g in req.groups}
+        codes = {g.group_id: ErrorCode.none if await here(ctx, g.group_id)
+                 else ErrorCode.not_coordinator for g in req.groups}
+        try:
+            sources = await _sources(ctx, (g for g, c in codes.items() if c == ErrorCode.none))
+        except KafkaError as e:  # the table groups' rows unreadable now: they alone fail
+            codes.update({g: e.code for g, c in codes.items()
+                          if c == ErrorCode.none and tablegroups.is_table_group(g)})
+            sources = await _sources(ctx, (g for g, c in codes.items() if c == ErrorCode.none))
         groups = tuple(
             build(
                 group_cls,
                 group_id=g.group_id,
-                error_code=ErrorCode.none if local[g.group_id] else ErrorCode.not_coordinator,
-                topics=() if not local[g.group_id] else _fetch_group(
+                error_code=codes[g.group_id],
+                topics=() if codes[g.group_id] != ErrorCode.none else _fetch_group(
                     ctx,
                     head,
                     g.group_id,
@@ -209,6 +239,7 @@ async def offset_fetch(
                     "OffsetFetchResponsePartitions",
                     "OffsetFetchResponseTopics",
                     req.require_stable,
+                    sources[g.group_id],
                 ),
             )
             for g in req.groups
@@ -217,6 +248,11 @@ async def offset_fetch(
     if not await here(ctx, req.group_id):
         return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=(),
                      error_code=ErrorCode.not_coordinator)
+    try:
+        source = (await _sources(ctx, [req.group_id]))[req.group_id]
+    except KafkaError as e:
+        return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=(),
+                     error_code=e.code)
     topics = _fetch_group(
         ctx,
         head,
@@ -225,6 +261,7 @@ async def offset_fetch(
         "OffsetFetchResponsePartition",
         "OffsetFetchResponseTopic",
         isinstance(req, fetch_v7.OffsetFetchRequest) and req.require_stable,
+        source,
     )
     return build(
         resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=topics, error_code=ErrorCode.none
@@ -237,10 +274,13 @@ async def offset_delete(
 ) -> OffsetDeleteResponse:
     part_cls = nested(head, "OffsetDeleteResponsePartition")
     topic_cls = nested(head, "OffsetDeleteResponseTopic")
-    if req.group_id not in ctx.groups.groups and not ctx.offsets.of_group(req.group_id):
+    table_group = tablegroups.is_table_group(req.group_id)  # read-only (tablegroups.REFUSAL)
+    if table_group or (
+        req.group_id not in ctx.groups.groups and not ctx.offsets.of_group(req.group_id)
+    ):
         return build(
             resp(head, OFFSET_DELETE),
-            error_code=ErrorCode.group_id_not_found,
+            error_code=tablegroups.REFUSAL if table_group else ErrorCode.group_id_not_found,
             throttle_time=ZERO_MS,
             topics=(),
         )

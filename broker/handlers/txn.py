@@ -4,6 +4,7 @@ transaction, answered by the transaction coordinator (broker.txn.coordinator).""
 from __future__ import annotations
 
 from broker.errors import ErrorCode, KafkaError
+from broker.groups.tablegroups import refuse
 from broker.handlers.apitypes import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
@@ -79,6 +80,7 @@ async def add_offsets_to_txn(
 ) -> AddOffsetsToTxnResponse:
     code = ErrorCode.none
     try:
+        refuse(req.group_id)  # floe-table.*: a table's read-only group
         await coordinator(ctx).add_offsets(
             req.transactional_id, req.producer_id, req.producer_epoch, req.group_id
         )

@@ -9,6 +9,7 @@ from kio.schema.txn_offset_commit.v3 import request as v3
 
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import MAX_METADATA_BYTES
+from broker.groups.tablegroups import refuse
 from broker.handlers.apitypes import (
     TXN_OFFSET_COMMIT,
     TxnOffsetCommitRequest,
@@ -48,6 +49,7 @@ async def txn_offset_commit(
                 code = e.code
             codes[(t.name, p.partition_index)] = code
     try:
+        refuse(req.group_id)  # floe-table.*: a table's read-only group
         if isinstance(req, v3.TxnOffsetCommitRequest) and req.generation_id >= 0:
             # a member of a live generation (KIP-447); -1: not checked, as in Kafka
             ctx.groups.check_commit(
