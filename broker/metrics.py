@@ -253,6 +253,14 @@ class FloeCollector(Collector):
                 "floe_table_object_store_bytes",
                 "Bytes of the table's files written (PUT) or read (GET) by the broker.",
                 labels=[*tl, "op"]),
+            "writer": GaugeMetricFamily(
+                "floe_table_partition_writer",
+                "1 for each partition of a table topic this broker writes (its leader's worker).",
+                labels=[*pl, "node"]),
+            "coord": GaugeMetricFamily(
+                "floe_table_coordinator",
+                "1 while this broker is the table's commit coordinator (leads partition 0).",
+                labels=[*tl, "node"]),
             "info": InfoMetricFamily("floe_table_last_error",
                                      "The last error of a table topic's writer (while failing).",
                                      labels=tl),
@@ -280,8 +288,12 @@ class FloeCollector(Collector):
             if t["last_commit"] is not None:
                 fams["last"].add_metric(lv, t["last_commit"])
                 fams["age"].add_metric(lv, max(0.0, now - t["last_commit"]))
+            node = str(t.get("node_id", 0))
+            coordinator = t.get("coordinator", {})
+            fams["coord"].add_metric([*lv, node], 1 if coordinator.get("active") else 0)
             for p in t["partitions"]:
                 v = [*lv, str(p["partition"])]
+                fams["writer"].add_metric([*v, node], 1)
                 fams["lag_r"].add_metric(v, p["lag_records"])
                 fams["lag_s"].add_metric(v, p["lag_seconds"])
                 fams["co"].add_metric(v, p["committed_offset"])

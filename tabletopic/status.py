@@ -52,13 +52,19 @@ def render(tables: list[dict[str, Any]]) -> str:
             out.append("  warehouse requests: " + ", ".join(
                 f"{op} {c['requests']:.0f} ({c['bytes']:.0f} B)"
                 for op, c in sorted(t["costs"].items())))
-        out.append(f"  {'PART':>4} {'LOG END':>10} {'COMMITTED':>10} {'LAG':>8} {'LAG s':>8}"
-                   f" {'UNCONVERTED s':>13}")
+        coordinator = t.get("coordinator", {})
+        if coordinator.get("active"):
+            writers = ", ".join(f"{w['partition']}: broker {w['node_id']}"
+                                for w in coordinator.get("workers", []))
+            out.append(f"  coordinator: broker {coordinator['node_id']} (this one); partitions"
+                       f" written by {writers or 'nobody yet'}")
+        out.append(f"  {'PART':>4} {'WRITER':>6} {'LOG END':>10} {'COMMITTED':>10} {'LAG':>8}"
+                   f" {'LAG s':>8} {'UNCONVERTED s':>13}")
         fresh = {f["partition"]: f for f in t.get("freshness", {}).get("partitions", [])}
         for p in t["partitions"]:
             conv = fresh.get(p["partition"], {}).get("ack_to_converted_seconds", 0.0)
             out.append(
-                f"  {p['partition']:>4} {p['log_end_offset']:>10} "
+                f"  {p['partition']:>4} {p.get('writer_node', '-'):>6} {p['log_end_offset']:>10} "
                 f"{p['committed_offset']:>10} {p['lag_records']:>8} "
                 f"{p['lag_seconds']:>8.1f} {conv:>13.1f}"
                 + (f"  STOPPED: {p['stopped']}" if p["stopped"] else "")

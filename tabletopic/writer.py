@@ -173,7 +173,7 @@ class TableWriter:
         )
         while not self._stop.is_set():
             if self.paused is not None:  # resumed, it starts again from the table's offsets
-                self.converter, self.parts, self._idle = None, {}, True
+                self.converter, self._idle = None, True  # parts kept for status until then
                 await self._sleep(0.05)
                 continue
             self._idle = False
