@@ -154,6 +154,8 @@ class Coordinator:
         self.on_request = on_request  # tells this broker's worker of a new request at once
         self.orphan_min_age_s = orphan_min_age_s
         self.paused = False
+        # set by the writer once the table exists (its worker creates it): no round before
+        self.ready = asyncio.Event()
         self.busy = False  # a round in flight (an operation waits for it to end)
         self.epoch: int | None = None  # of partition 0 while this broker leads it
         self.commits = 0
@@ -178,7 +180,7 @@ class Coordinator:
         while not stopped.is_set():
             try:
                 self.epoch = self.storage.led_epoch(self.topic, 0)
-                if self.epoch is None or self.paused:
+                if self.epoch is None or self.paused or not self.ready.is_set():
                     self._published = False
                     await _sleep(stopped, IDLE_S)
                     continue

@@ -222,6 +222,7 @@ class TableWriter:
         self.dlq = DeadLetters(self.storage, cfg.dlq_topic, self.topic)
         await self.dlq.load()
         self.parts = {}
+        self.coordinator.ready.set()
         log.info("table topic %s -> %s.%s: broker %d writes its partitions", self.topic,
                  cfg.namespace, cfg.table, self.node_id)
 
