@@ -112,6 +112,11 @@ class TableTopics:
             self.writers[name] = (writer, task)
         for name in set(self.writers) - wanted:
             await self._stop(name)
+            if name not in self.storage.topics and self.work is not None:
+                try:  # the topic is gone: so are its commit requests, file sets, progress
+                    await self.work.forget(name)
+                except Exception as e:
+                    log.warning("table topic %s: its rows could not be removed: %r", name, e)
         for name, (_w, task) in list(self.writers.items()):
             if task.done() and name in wanted and not task.cancelled():
                 exc = task.exception()

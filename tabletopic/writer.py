@@ -361,6 +361,9 @@ class TableWriter:
         cfg = self.config
         commit_id = self.requested
         parts = list(self.parts.values())
+        if not parts:  # this broker leads no partition of the topic
+            self.answered = max(self.answered, commit_id)
+            return
         sets: dict[int, tuple[FileSet | None, int, int]] = {}  # p -> (set, through, rows)
         table: Table | None = None
         for st in parts:
