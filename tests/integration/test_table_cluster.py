@@ -11,6 +11,7 @@ its leader (status says which broker writes which partition)."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.request
 from collections import Counter
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tabletopic.catalog import open_catalog
@@ -147,3 +148,71 @@ def test_a_table_topic_survives_the_sigkill_of_its_coordinator_and_a_worker(
               f" {recovered[0] if recovered else float('nan'):.2f} s after it; {len(acked)}"
               f" records, survivor broker {survivor.data_dir.name}")
         assert survivor.proc is not None and survivor.proc.poll() is None
+
+
+def test_a_stalled_worker_holds_up_no_other_partition(tmp_path: Path) -> None:
+    """A broker paused (SIGSTOP) within its lease: its partitions' file sets do not come, the
+    coordinator commits the others' every interval meanwhile; resumed, its partitions catch up
+    and the table equals the topic."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    catalog_url = f"sqlite:///{(shared / 'catalog.db').resolve()}"
+    warehouse = (shared / "warehouse").resolve().as_uri()
+    metadata = f"sqlite:///{(shared / 'meta.db').resolve()}"
+    args = ["--catalog", catalog_url, "--warehouse", warehouse,
+            "--set", "broker.session.timeout.ms=30000"]  # the paused broker keeps its lease
+    with cluster(tmp_path, metadata, 3, *args) as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        (f,) = admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config={
+            "table.topic.enable": "true", "table.topic.convert.value.type": "json",
+            "table.topic.commit.interval.ms": str(INTERVAL_MS)})]).values()
+        f.result(TIMEOUT_S)
+        placed: dict[int, int] = {}
+        wait_for("the partitions spread over the brokers",
+                 lambda: placed.update(leaders(bootstrap, TOPIC))
+                 or len(set(placed.values()) - {-1}) == 3)
+        stalled = next(n for n in (1, 2, 3) if n != placed[0])
+        slow = {p for p, n in placed.items() if n == stalled}
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+        def produce(n: int) -> None:
+            for i in range(n):
+                for p in range(PARTITIONS):
+                    if p not in slow:  # the paused broker cannot take them
+                        producer.produce(TOPIC, json.dumps({"i": i}).encode(), partition=p)
+            assert producer.flush(TIMEOUT_S) == 0
+
+        for p in slow:  # before the pause: something for the paused worker to hold
+            for i in range(20):
+                producer.produce(TOPIC, json.dumps({"i": i}).encode(), partition=p)
+        produce(20)
+        wait_for("a first commit of every partition",
+                 lambda: set(table_rows(catalog_url, warehouse)[0]) == set(range(PARTITIONS)))
+        paused = node(brokers, stalled).proc
+        assert paused is not None
+        paused.send_signal(signal.SIGSTOP)
+        try:
+            before = table_rows(catalog_url, warehouse)[0]
+            produce(100)
+            ends = {p: before[p] + 100 for p in range(PARTITIONS) if p not in slow}
+            wait_for("the other partitions committed while one broker is paused", lambda: all(
+                table_rows(catalog_url, warehouse)[0].get(p) == end for p, end in ends.items()))
+            assert all(table_rows(catalog_url, warehouse)[0][p] == before[p] for p in slow)
+        finally:
+            paused.send_signal(signal.SIGCONT)
+        produce(10)
+        for p in slow:
+            for i in range(10):
+                producer.produce(TOPIC, json.dumps({"i": i}).encode(), partition=p)
+        assert producer.flush(TIMEOUT_S) == 0
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "ends"})
+        try:
+            ends = {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
+                    for p in range(PARTITIONS)}
+        finally:
+            c.close()
+        wait_for("the table holds every record", lambda: table_rows(
+            catalog_url, warehouse)[0] == ends, TIMEOUT_S)
+        rows = table_rows(catalog_url, warehouse)[1]
+        assert sorted(rows) == sorted({(p, o) for p, e in ends.items() for o in range(e)})
