@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from broker import costs, recordpolicy, storagemetrics
 from broker.cluster import ClusterNode, ClusterSettings, ClusterView, Snapshot
+from broker.cluster.groupguard import FencedGroupOffsets
 from broker.config import Settings
 from broker.engine import (
     AppendResult,
@@ -75,7 +76,6 @@ class Storage(TopicTable):
         # broker settings that are topic config defaults (config.topic_defaults); set by app
         self.topic_defaults: dict[str, str] = {}
         self.cluster_id = ""
-        self.group_offsets: GroupOffsetBackend = self.kafka
         self.producers = ProducerStates()
         self.log.commit_attachments = producer_rows  # producer state commits with the data
         self.log.on_durable = self.producers.durable_append  # synchronous: see producers.py
@@ -84,6 +84,8 @@ class Storage(TopicTable):
         # partitions served are the ones this broker leads; every change to them is guarded
         self.cluster = ClusterNode(meta, cluster or ClusterSettings())
         self.log.guards = self.cluster.guards
+        # offset commits land only from the broker that took the group over last
+        self.group_offsets: GroupOffsetBackend = FencedGroupOffsets(self.kafka, self.cluster)
         self._topic_lock = asyncio.Lock()
         self.txns = TxnLog(self.log)  # open transactions and aborted ranges per partition
         self.traffic = costs.Traffic()  # bytes appended / served per stream (broker/costs.py)

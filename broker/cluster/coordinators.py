@@ -101,6 +101,14 @@ def drop_moved(groups: Unloadable, view: ClusterView | None, node_id: int) -> li
     return gone
 
 
+def forget(groups: Unloadable, group_id: str) -> None:
+    """Another broker took the group over (this one's commit was refused): unload it here;
+    should it be placed here again, it is taken over (and its offsets read) anew."""
+    _seen.setdefault(groups, _Seen()).loads.pop(group_id, None)
+    if group_id in groups.groups:
+        groups.unload(group_id)
+
+
 async def ensure_loaded(groups: Unloadable, group_id: str,
                         load: Callable[[], Awaitable[None]]) -> None:
     """Run `load` (reading the group's committed offsets again: its previous coordinator

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from broker.errors import ErrorCode, KafkaError
 from broker.metadata.model import OffsetRow
 
 MAX_METADATA_BYTES = 4096  # offset.metadata.max.bytes
@@ -17,7 +18,18 @@ class GroupOffsetBackend(Protocol):
 
     async def load_offsets(self) -> list[OffsetRow]: ...
 
-    async def commit_offsets(self, rows: list[OffsetRow]) -> None: ...
+    async def take_group(self, group_id: str) -> tuple[int | None, list[OffsetRow]]:
+        """Become the group's coordinator: the coordinator epoch taken (None: the backend
+        does not fence commits) and the group's committed offsets, read after taking it (a
+        commit its previous coordinator made is in them, a later one is refused). Raises
+        KafkaError NOT_COORDINATOR when the group is placed on another broker."""
+        ...
+
+    async def commit_offsets(self, rows: list[OffsetRow], epoch: int | None = None) -> None:
+        """Rows of one group. A fencing backend writes them only if this broker still holds
+        the group at `epoch` (the one take_group returned), checked in the write's own
+        transaction; otherwise KafkaError NOT_COORDINATOR and nothing is written."""
+        ...
 
     async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None: ...
 
@@ -33,7 +45,10 @@ class MemoryGroupOffsets:
     async def load_offsets(self) -> list[OffsetRow]:
         return list(self.rows.values())
 
-    async def commit_offsets(self, rows: list[OffsetRow]) -> None:
+    async def take_group(self, group_id: str) -> tuple[int | None, list[OffsetRow]]:
+        return None, [r for r in self.rows.values() if r.group_id == group_id]
+
+    async def commit_offsets(self, rows: list[OffsetRow], epoch: int | None = None) -> None:
         for r in rows:
             self.rows[(r.group_id, r.topic, r.partition)] = r
 
@@ -51,25 +66,38 @@ class OffsetStore:
     def __init__(self, meta: GroupOffsetBackend) -> None:
         self.meta = meta
         self.offsets: dict[str, dict[tuple[str, int], OffsetRow]] = {}
+        self.epochs: dict[str, int] = {}  # group -> coordinator epoch taken (fencing backends)
 
     async def load(self) -> None:
         for r in await self.meta.load_offsets():
             self.offsets.setdefault(r.group_id, {})[(r.topic, r.partition)] = r
 
     async def reload(self, group_id: str) -> None:
-        """Read one group's committed offsets again (another broker coordinated it)."""
-        rows = [r for r in await self.meta.load_offsets() if r.group_id == group_id]
+        """Take the group over (its coordinator epoch) and read its committed offsets again
+        (another broker may have coordinated it). NOT_COORDINATOR: placed elsewhere."""
+        epoch, rows = await self.meta.take_group(group_id)
         self.offsets.pop(group_id, None)
         for r in rows:
             self.offsets.setdefault(group_id, {})[(r.topic, r.partition)] = r
+        if epoch is None:
+            self.epochs.pop(group_id, None)
+        else:
+            self.epochs[group_id] = epoch
 
     async def commit(
         self, group_id: str, entries: list[tuple[str, int, int, int, str | None]]
     ) -> None:
-        """entries: (topic, partition, offset, leader epoch, metadata). Durable on return."""
+        """entries: (topic, partition, offset, leader epoch, metadata). Durable on return.
+        NOT_COORDINATOR (nothing written) when another broker took the group over since
+        this one did; the group must be taken again (`reload`) before it commits here."""
         now = int(time.time() * 1000)
         rows = [OffsetRow(group_id, t, p, o, e, md, now) for t, p, o, e, md in entries]
-        await self.meta.commit_offsets(rows)
+        try:
+            await self.meta.commit_offsets(rows, self.epochs.get(group_id))
+        except KafkaError as e:
+            if e.code == ErrorCode.not_coordinator:
+                self.epochs.pop(group_id, None)
+            raise
         group = self.offsets.setdefault(group_id, {})
         for r in rows:
             group[(r.topic, r.partition)] = r

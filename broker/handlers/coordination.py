@@ -4,7 +4,13 @@ offsets.py): the placement rule of broker.cluster.coordinators over this broker'
 
 from __future__ import annotations
 
-from broker.cluster.coordinators import coordinator_of, drop_moved, ensure_loaded, is_local
+from broker.cluster.coordinators import (
+    coordinator_of,
+    drop_moved,
+    ensure_loaded,
+    forget,
+    is_local,
+)
 from broker.cluster.model import BrokerInfo
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.base import BrokerContext
@@ -19,14 +25,25 @@ def coordinator(ctx: BrokerContext, key: str) -> BrokerInfo | None:
 async def here(ctx: BrokerContext, group_id: str) -> bool:
     """True when this broker coordinates the group; first unloads the groups that moved away
     since the last cluster view, and reloads a group's committed offsets from the metadata
-    database the first time it is served here (its previous coordinator wrote them)."""
+    database the first time it is served here (its previous coordinator wrote them), taking
+    it over: from then on commits of a previous coordinator are refused."""
     view = ctx.storage.cluster_view()
     drop_moved(ctx.groups, view, ctx.node_id)
     if not is_local(group_id, view, ctx.node_id):
         return False
     if view is not None:
-        await ensure_loaded(ctx.groups, group_id, lambda: ctx.offsets.reload(group_id))
+        try:  # takes the group over (broker.cluster.groupguard): its commits are fenced
+            await ensure_loaded(ctx.groups, group_id, lambda: ctx.offsets.reload(group_id))
+        except KafkaError as e:  # the database places it elsewhere: this view is stale
+            if e.code == ErrorCode.not_coordinator:
+                return False
+            raise
     return True
+
+
+def taken_over(ctx: BrokerContext, group_id: str) -> None:
+    """A commit was refused: another broker took the group over since this one did."""
+    forget(ctx.groups, group_id)
 
 
 async def require_here(ctx: BrokerContext, group_id: str) -> None:

@@ -28,7 +28,7 @@ from broker.handlers.apitypes import (
     OffsetFetchResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
-from broker.handlers.coordination import here, require_here
+from broker.handlers.coordination import here, require_here, taken_over
 from broker.metadata.model import OffsetRow
 from broker.protocol.codec import RequestHead
 
@@ -91,6 +91,11 @@ async def offset_commit(
     if entries:
         try:
             await ctx.offsets.commit(req.group_id, entries)
+        except KafkaError as e:  # NOT_COORDINATOR: another broker took the group over
+            if e.code == ErrorCode.not_coordinator:
+                taken_over(ctx, req.group_id)
+            for name, index, *_ in entries:
+                codes[(name, index)] = e.code
         except Exception:
             for name, index, *_ in entries:
                 codes[(name, index)] = ErrorCode.coordinator_not_available  # retriable

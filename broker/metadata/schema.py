@@ -9,7 +9,9 @@
   commit_ms)`;
 - `kafka_meta(key, value)`: `next_producer_id`, `controller`;
 - `kafka_brokers(node_id, host, port, rack, incarnation, lease_expires_ms)` and the
-  partitions' `leader`, `leader_epoch` (migration 2; see broker.cluster).
+  partitions' `leader`, `leader_epoch` (migration 2; see broker.cluster);
+- `kafka_group_coordinators(group_id, node_id, epoch)` and the partitions' `target_leader`
+  (migration 5: offset-commit fencing, partition reassignments).
 
 Migration 1 creates them and moves in what s3stream's tables held before s3stream's migration 3
 (`topics`, the hand-over `legacy_stream_partitions`, `producer_batches`, `group_offsets`,
@@ -111,6 +113,20 @@ TXN_LAST_EPOCH = """
 ALTER TABLE kafka_transactions ADD COLUMN last_epoch {int} NOT NULL DEFAULT -1
 """
 
+# 5: fencing of group coordinators and pinned partition leaders (broker.cluster).
+# `kafka_group_coordinators`: which broker took each group over last and its coordinator
+# epoch, bumped at every take-over (a broker loading the group's committed offsets); an
+# OffsetCommit lands only in a transaction that finds the committing broker there at the epoch
+# it took (broker.cluster.groupguard). `kafka_partitions.target_leader`: the broker an
+# AlterPartitionReassignments pinned the partition to (-1: none); the controller moves the
+# partition there while that broker is live and never balances it away.
+PINS_AND_GROUPS = """
+CREATE TABLE kafka_group_coordinators(
+    group_id TEXT PRIMARY KEY, node_id {int} NOT NULL, epoch {int} NOT NULL){without_rowid};
+ALTER TABLE kafka_partitions ADD COLUMN target_leader {int} NOT NULL DEFAULT -1
+"""
+
 COMPONENT = Component("broker.metadata", [
-    _create_and_move, sql_migration(CLUSTER), sql_migration(TXNS), sql_migration(TXN_LAST_EPOCH)
+    _create_and_move, sql_migration(CLUSTER), sql_migration(TXNS), sql_migration(TXN_LAST_EPOCH),
+    sql_migration(PINS_AND_GROUPS),
 ])

@@ -190,10 +190,10 @@ def test_a_database_made_by_an_older_main_opens_migrated_with_nothing_lost(
     assert [r for r in recorded if r[:2] in fixture.recorded] == recorded_before
     assert {r[:2] for r in recorded} == {*fixture.recorded, ("s3stream.metadata", 1),
                                          ("s3stream.metadata", 2), ("s3stream.metadata", 3),
-                                         ("broker.table_states", 1),
+                                         ("broker.table_states", 1), ("broker.table_work", 1),
                                          ("broker.metadata", 1), ("broker.metadata", 2),
                                          ("broker.metadata", 3), ("broker.metadata", 4),
-                                         ("schema_registry", 1)}
+                                         ("broker.metadata", 5), ("schema_registry", 1)}
 
     # a second start is a no-op for the schema; the upgraded database takes new writes
     topic, partition, batches = fixture.idempotent[0]
