@@ -315,8 +315,10 @@ class Coordinator:
         A file set older than half that age is never committed (step 2 drops it)."""
         self._next_orphan_check = time.monotonic() + min(
             3600.0, max(60.0, self.orphan_min_age_s / 4))
+        waiting = await self.work.outstanding(self.topic)  # read before the listing
+        keep = frozenset(d.file_path for f in waiting.files for d in decode(f.files))
         table = await asyncio.to_thread(self.catalog.load_table, cfg.identifier)
-        await asyncio.to_thread(remove_orphan_files, table, self.orphan_min_age_s)
+        await asyncio.to_thread(remove_orphan_files, table, self.orphan_min_age_s, keep)
 
     def status(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "active": self.active, "commits": self.commits,

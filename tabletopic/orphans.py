@@ -10,9 +10,11 @@ What it deletes, and why that is safe:
     included), manifests, manifest lists, statistics files.
   - The listing is taken first and the references are read afterwards from a freshly loaded
     table, so a file committed while the sweep runs is referenced. Files not committed yet
-    (a writer's or a Spark rewrite's files before its commit) are protected only by the age:
-    a file younger than `min_age_s` (by its modification time; unknown time: kept) is never
-    deleted. The default age (`table.orphan.min.age.ms`) is Iceberg's 3 days.
+    (a worker's or a Spark rewrite's files before their commit) are protected by the age: a
+    file younger than `min_age_s` (by its modification time; unknown time: kept) is never
+    deleted; the files of the workers' file sets waiting in the metadata database are kept
+    too, whatever their age (and a file set older than half the age is never committed). The
+    default age (`table.orphan.min.age.ms`) is Iceberg's 3 days.
   - Listing and references are compared as full URIs, both through the table's own FileIO
     (PyArrowFileIO: the same filesystem, endpoint and credentials), normalised to
     (scheme family, bucket/path). A file is deleted only if that identity is not referenced.
@@ -97,10 +99,14 @@ def _filesystem(table: Table, location: str) -> tuple[pafs.FileSystem, FileRef]:
     return io.fs_by_scheme(scheme, netloc), file_ref(location)
 
 
-def remove_orphan_files(table: Table, min_age_s: float) -> list[str]:
+def remove_orphan_files(
+    table: Table, min_age_s: float, keep: frozenset[str] = frozenset()
+) -> list[str]:
     """Delete the files under the table's data/ directory that no snapshot references and that
-    are older than `min_age_s` seconds; returns their URIs. Deletes nothing, and logs an error,
-    when the listing and the references do not fit together (see the module docstring)."""
+    are older than `min_age_s` seconds; returns their URIs. `keep`: URIs of files waiting for
+    a commit (the workers' file sets, tabletopic.coordinator), never deleted whatever their
+    age. Deletes nothing, and logs an error, when the listing and the references do not fit
+    together (see the module docstring)."""
     data_dir = table.properties.get(WRITE_DATA_PATH) or table.location().rstrip("/") + "/data"
     fs, root = _filesystem(table, data_dir.rstrip("/"))
     try:
@@ -120,6 +126,7 @@ def remove_orphan_files(table: Table, min_age_s: float) -> list[str]:
     content, other = referenced_files(table)  # is both listed and referenced
     content_refs = [file_ref(p) for p in content]
     referenced = {r.identity for r in content_refs} | {file_ref(p).identity for p in other}
+    referenced |= {file_ref(p).identity for p in keep}
     found = [r for r in content_refs if r.identity in listed]
     name = ".".join(table.name())
     if content_refs and not found:

@@ -371,6 +371,7 @@ class TableWriter:
                 continue
             if st.dead:  # durable before the offsets move past them
                 await self.dlq.write(st.partition, st.dead)
+            began_ms = int(time.time() * 1000)  # the files' age counts from here (orphans)
             files: list[Any] = []
             if st.tables:
                 data = pa.concat_tables(st.tables, promote_options="permissive")
@@ -381,7 +382,7 @@ class TableWriter:
                     write_data_files, table, data, cfg.layout.sort_by)
             rows = st.records
             fs = FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
-                         self.node_id, commit_id, encode(files), rows, len(st.dead), 0)
+                         self.node_id, commit_id, encode(files), rows, len(st.dead), began_ms)
             sets[st.partition] = (fs, st.read_next, rows)
         answers = [
             Answer(st.partition, st.epoch, sets[st.partition][0] if st.partition in sets

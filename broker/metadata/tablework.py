@@ -261,7 +261,7 @@ class TableWork:
                             " records=excluded.records, dead=excluded.dead,"
                             " written_ms=excluded.written_ms",
                             (topic, a.partition, f.start, a.leader_epoch, f.next, node_id,
-                             commit_id, f.files, f.records, f.dead, now))
+                             commit_id, f.files, f.records, f.dead, f.written_ms or now))
                     db.execute(
                         f"INSERT INTO kafka_table_workers({WORKER_COLUMNS}) VALUES"
                         " (?,?,?,?,?,?,?,?) ON CONFLICT (topic, partition) DO UPDATE SET"

@@ -61,6 +61,19 @@ def test_files_of_a_commit_that_never_happened_go_once_old_enough(warehouse: War
     assert sorted(t.scan().to_arrow().column("a").to_pylist()) == [1, 2, 3]
 
 
+def test_files_of_waiting_file_sets_stay_whatever_their_age(warehouse: Warehouse) -> None:
+    """A worker's files waiting for the coordinator's commit (tabletopic.coordinator) are not
+    referenced by the table yet: kept by name, even by a sweep of age zero."""
+    t = make_table(warehouse)
+    waiting = f"{t.location()}/data/waiting-for-a-commit.parquet"
+    orphan = f"{t.location()}/data/never-committed.parquet"
+    for path in (waiting, orphan):
+        warehouse.write_parquet(path, pa.table({"a": [9]}, schema=SCHEMA))
+    assert remove_orphan_files(t, min_age_s=0, keep=frozenset({waiting})) == [orphan]
+    assert t.io.new_input(waiting).exists()
+    assert remove_orphan_files(t, min_age_s=0) == [waiting]  # no longer waiting: an orphan
+
+
 def test_old_file_goes_young_file_stays_by_modification_time(tmp_path: Path) -> None:
     cat = open_catalog(f"sqlite:///{tmp_path}/c.db", (tmp_path / "w").as_uri())
     cat.create_namespace("default")
