@@ -3,8 +3,9 @@ definition): a record is
 
   1. acknowledged to its producer (durable in the log: the partition's end offset),
   2. converted by the writer (read and turned into Arrow rows, or a dead letter),
-  3. written as Parquet and committed to the catalog: one step here (the data files are
-     written by the commit that references them, then the catalog commit), and
+  3. written as Parquet and committed to the catalog: one step here (the partition's worker
+     writes the data files when the coordinator requests them, then the coordinator's catalog
+     commit; tabletopic.coordinator), and
   4. visible to a reader: at once after 3 for any reader that loads the table afresh (the
      catalog commit is the visibility point; a reader holding an older snapshot sees it when it
      refreshes). Not timed apart from 3: the SQL catalog's commit is one database transaction
@@ -14,7 +15,8 @@ definition): a record is
 
 Each stage's age is that of the oldest acknowledged record not yet through it (0 when none
 waits): `ack_to_converted_seconds` and `ack_to_committed_seconds`; the writer's last commit
-took `last_commit_seconds` (Parquet written plus catalog commit).
+took `last_commit_seconds` (the catalog commit, on the coordinator's broker). Partitions are
+those this broker writes (leads); on a cluster each broker reports its own.
 """
 
 from __future__ import annotations
