@@ -10,8 +10,10 @@ its leader (status says which broker writes which partition)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -108,6 +110,19 @@ def test_a_table_topic_survives_the_sigkill_of_its_coordinator_and_a_worker(
             return shown == placed
 
         wait_for("each partition written by its leader", writers_shown)
+        seen: list[tuple[float, dict[int, int]]] = []  # (when, the table's offsets)
+        polling = threading.Event()
+
+        def poll_table() -> None:  # the table's offsets as a reader sees them, every 0.1 s
+            catalog = open_catalog(catalog_url, warehouse)
+            while not polling.is_set():
+                with contextlib.suppress(Exception):
+                    t = catalog.load_table(("default", TOPIC))
+                    seen.append((time.monotonic(), table_offsets(t)))
+                polling.wait(0.1)
+
+        poller = threading.Thread(target=poll_table)
+        poller.start()
         killed_at = 0.0
         started = time.monotonic()
         while time.monotonic() - started < 10.0:
@@ -124,17 +139,19 @@ def test_a_table_topic_survives_the_sigkill_of_its_coordinator_and_a_worker(
         assert not failed, failed[:5]
         ends = {p: 1 + max(o for q, o in acked if q == p) for p in range(PARTITIONS)}
         survivor = next(b for b in brokers if b.proc is not None and b.proc.poll() is None)
-        after = {p: min(o for (q, o), t in acked.items() if q == p and t > killed_at + 0.5)
+        try:
+            wait_for("the table holds every record of the topic",
+                     lambda: bool(seen) and seen[-1][1] == ends, TIMEOUT_S)
+        finally:
+            polling.set()
+            poller.join(TIMEOUT_S)
+        # failover: the first record acknowledged after the kill, per partition; the table has
+        # recovered when it holds those of every partition
+        first = {p: min((t, o) for (q, o), t in acked.items() if q == p and t > killed_at)
                  for p in range(PARTITIONS)}
-        recovered: list[float] = []
-
-        def caught_up() -> bool:
-            offsets, _rows = table_rows(catalog_url, warehouse)
-            if not recovered and all(offsets.get(p, 0) > after[p] for p in after):
-                recovered.append(time.monotonic() - killed_at)
-            return offsets == ends
-
-        wait_for("the table holds every record of the topic", caught_up, TIMEOUT_S)
+        failover = max(t for t, _o in first.values()) - killed_at
+        recovered = min(when for when, offsets in seen
+                        if all(offsets.get(p, 0) > o for p, (_t, o) in first.items())) - killed_at
         _offsets, rows = table_rows(catalog_url, warehouse)
         counts = Counter(rows)
         twice = [k for k, n in counts.items() if n > 1]
@@ -144,9 +161,12 @@ def test_a_table_topic_survives_the_sigkill_of_its_coordinator_and_a_worker(
             f"missing {sorted(topic - set(counts))[:5]}, extra {sorted(set(counts) - topic)[:5]}")
         assert set(acked) <= set(counts)
         print(f"\nSIGKILLed brokers {sorted(victims)} (coordinator {coordinator}, the leader of"
-              f" partition {worker}); the table held records acknowledged after the kill"
-              f" {recovered[0] if recovered else float('nan'):.2f} s after it; {len(acked)}"
-              f" records, survivor broker {survivor.data_dir.name}")
+              f" partition {worker}); every partition took acks again {failover:.2f} s after"
+              f" the kill, the table held them {recovered:.2f} s after it (commit interval"
+              f" {INTERVAL_MS} ms); {len(acked)} records")
+        # freshness recovers within failover + commit interval (+ the answer wait and a
+        # reader's poll; a generous bound: figures are measured in benchmarks/)
+        assert recovered - failover < 5.0
         assert survivor.proc is not None and survivor.proc.poll() is None
 
 
