@@ -57,25 +57,36 @@ def table_rows(catalog_url: str, warehouse: str) -> tuple[dict[int, int], list[t
     return table_offsets(table), [(r["partition"], r["offset"]) for r in kafka]
 
 
+def shared_warehouse(tmp_path: Path) -> tuple[str, str]:
+    """The Iceberg catalog (SQLite) and warehouse (a directory) every broker is given."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    return (f"sqlite:///{(shared / 'catalog.db').resolve()}",
+            (shared / "warehouse").resolve().as_uri())
+
+
+def create_table_topic(bootstrap: str) -> dict[int, int]:
+    """The JSON table topic, once its partitions are spread over the 3 brokers: their leaders."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (f,) = admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config={
+        "table.topic.enable": "true", "table.topic.convert.value.type": "json",
+        "table.topic.commit.interval.ms": str(INTERVAL_MS)})]).values()
+    f.result(TIMEOUT_S)
+    placed: dict[int, int] = {}
+    wait_for("the partitions spread over the brokers",
+             lambda: placed.update(leaders(bootstrap, TOPIC))
+             or len(set(placed.values()) - {-1}) == 3)
+    return placed
+
+
 def test_a_table_topic_survives_the_sigkill_of_its_coordinator_and_a_worker(
     tmp_path: Path, metadata: str
 ) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    catalog_url = f"sqlite:///{(shared / 'catalog.db').resolve()}"
-    warehouse = (shared / "warehouse").resolve().as_uri()
+    catalog_url, warehouse = shared_warehouse(tmp_path)
     args = ["--catalog", catalog_url, "--warehouse", warehouse]
     with cluster(tmp_path, metadata, 3, *args) as brokers:
         bootstrap = ",".join(b.bootstrap for b in brokers)
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        (f,) = admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config={
-            "table.topic.enable": "true", "table.topic.convert.value.type": "json",
-            "table.topic.commit.interval.ms": str(INTERVAL_MS)})]).values()
-        f.result(TIMEOUT_S)
-        placed: dict[int, int] = {}
-        wait_for("the partitions spread over the brokers",
-                 lambda: placed.update(leaders(bootstrap, TOPIC))
-                 or len(set(placed.values()) - {-1}) == 3)
+        placed = create_table_topic(bootstrap)
         coordinator = placed[0]
         worker = next(p for p in range(1, PARTITIONS) if placed[p] != coordinator)
         victims = {coordinator, placed[worker]}
@@ -174,24 +185,13 @@ def test_a_stalled_worker_holds_up_no_other_partition(tmp_path: Path) -> None:
     """A broker paused (SIGSTOP) within its lease: its partitions' file sets do not come, the
     coordinator commits the others' every interval meanwhile; resumed, its partitions catch up
     and the table equals the topic."""
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    catalog_url = f"sqlite:///{(shared / 'catalog.db').resolve()}"
-    warehouse = (shared / "warehouse").resolve().as_uri()
-    metadata = f"sqlite:///{(shared / 'meta.db').resolve()}"
+    catalog_url, warehouse = shared_warehouse(tmp_path)
+    metadata = f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
     args = ["--catalog", catalog_url, "--warehouse", warehouse,
             "--set", "broker.session.timeout.ms=30000"]  # the paused broker keeps its lease
     with cluster(tmp_path, metadata, 3, *args) as brokers:
         bootstrap = ",".join(b.bootstrap for b in brokers)
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        (f,) = admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config={
-            "table.topic.enable": "true", "table.topic.convert.value.type": "json",
-            "table.topic.commit.interval.ms": str(INTERVAL_MS)})]).values()
-        f.result(TIMEOUT_S)
-        placed: dict[int, int] = {}
-        wait_for("the partitions spread over the brokers",
-                 lambda: placed.update(leaders(bootstrap, TOPIC))
-                 or len(set(placed.values()) - {-1}) == 3)
+        placed = create_table_topic(bootstrap)
         stalled = next(n for n in (1, 2, 3) if n != placed[0])
         slow = {p for p, n in placed.items() if n == stalled}
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
