@@ -205,7 +205,8 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     offsets = OffsetStore(storage.group_offsets)
     await offsets.load()
     groups.start()
-    txn = TxnCoordinator(storage, storage.kafka, offsets)  # state in the metadata store
+    # state in the metadata store; in a cluster, the ids placed on this broker
+    txn = TxnCoordinator(storage, storage.kafka, offsets, node_id=settings.node_id)
     await txn.start()  # finishes transactions stopped between their markers
     ctx = BrokerContext(storage, settings, settings.node_id, host, port, groups, offsets)
     ctx.txn = txn

@@ -3,7 +3,7 @@ same way from its cluster view, so FindCoordinator on any broker names the same 
 
 A key hashes (CRC-32 of its UTF-8 bytes, so the same in every process) to one of
 `COORDINATOR_SLOTS` slots; a slot is coordinated by the live broker with the highest
-rendezvous weight for it (CRC-32 of "slot/node"). A broker's death moves only its own slots
+rendezvous weight for it (BLAKE2b of "slot/node"). A broker's death moves only its own slots
 (to the surviving brokers, spread by weight); a broker joining takes about 1/N of the slots.
 
 `GroupPlacement` applies it to this broker's group coordinator: requests for a group placed
@@ -20,6 +20,7 @@ next heartbeat.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,10 @@ def slot_of(key: str) -> int:
 
 
 def _weight(slot: int, node_id: int) -> int:
-    return zlib.crc32(f"{slot}/{node_id}".encode())
+    # a well-mixed hash: CRC-32 is linear, its weights for "slot/1", "slot/2", "slot/3"
+    # ordered alike in every slot (broker 2 of 1-3 coordinated nothing)
+    digest = hashlib.blake2b(f"{slot}/{node_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def slot_owner(slot: int, nodes: Sequence[int]) -> int:

@@ -14,6 +14,7 @@ from broker.handlers import (  # noqa: F401
     topics,
     txn,
     txn_admin,
+    txn_markers,
     txn_offsets,
 )
 from broker.handlers.base import REGISTRY, BrokerContext, Later

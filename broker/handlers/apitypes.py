@@ -331,6 +331,10 @@ if TYPE_CHECKING:
     import kio.schema.txn_offset_commit.v2.response
     import kio.schema.txn_offset_commit.v3.request
     import kio.schema.txn_offset_commit.v3.response
+    import kio.schema.write_txn_markers.v1.request
+    import kio.schema.write_txn_markers.v1.response
+    import kio.schema.write_txn_markers.v2.request
+    import kio.schema.write_txn_markers.v2.response
 
 AddOffsetsToTxnRequest: TypeAlias = (
     "kio.schema.add_offsets_to_txn.v0.request.AddOffsetsToTxnRequest"
@@ -837,3 +841,13 @@ TxnOffsetCommitResponse: TypeAlias = (
     " | kio.schema.txn_offset_commit.v3.response.TxnOffsetCommitResponse"
 )
 TXN_OFFSET_COMMIT: ApiTypes[TxnOffsetCommitRequest, TxnOffsetCommitResponse] = ApiTypes(28)
+
+WriteTxnMarkersRequest: TypeAlias = (
+    "kio.schema.write_txn_markers.v1.request.WriteTxnMarkersRequest"
+    " | kio.schema.write_txn_markers.v2.request.WriteTxnMarkersRequest"
+)
+WriteTxnMarkersResponse: TypeAlias = (
+    "kio.schema.write_txn_markers.v1.response.WriteTxnMarkersResponse"
+    " | kio.schema.write_txn_markers.v2.response.WriteTxnMarkersResponse"
+)
+WRITE_TXN_MARKERS: ApiTypes[WriteTxnMarkersRequest, WriteTxnMarkersResponse] = ApiTypes(27)

@@ -55,16 +55,13 @@ async def find_coordinator(
 
 
 def _coordinator(ctx: BrokerContext, key_type: int, key: str) -> dict[str, object]:
-    """A group's coordinator is placed over the live brokers (broker.cluster.coordinators);
-    transactions are coordinated by the broker asked (broker/txn is single-broker for now)."""
-    if key_type == 0:
+    """A group's or a transactional id's coordinator, placed over the live brokers by the
+    same rule (broker.cluster.coordinators)."""
+    if key_type in (0, 1):
         b = coordinator(ctx, key)
         if b is None:
             return _no_coordinator(ErrorCode.coordinator_not_available, "no live broker")
         return {"node_id": b.node_id, "host": b.host, "port": b.port,
-                "error_code": ErrorCode.none, "error_message": None}
-    if key_type == 1:
-        return {"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port,
                 "error_code": ErrorCode.none, "error_message": None}
     return _no_coordinator(ErrorCode.invalid_request, "only group and transaction coordinators")
 

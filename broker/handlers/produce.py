@@ -43,7 +43,9 @@ async def produce(
             try:
                 if req.acks not in (0, 1, -1):
                     raise KafkaError(ErrorCode.invalid_required_acks, f"acks={req.acks}")
-                _check_transactional(ctx, req.transactional_id, td.name, pd.index, pd.records)
+                await _check_transactional(
+                    ctx, req.transactional_id, td.name, pd.index, pd.records
+                )
                 if ctx.schemas is not None and pd.records:
                     # awaited before this partition's append: see broker/schemavalidation.py
                     await ctx.schemas.check(td.name, pd.records, storage.topic(td.name).config)
@@ -62,7 +64,7 @@ async def produce(
     return Later(_respond(ctx, head, entries, timeout))
 
 
-def _check_transactional(
+async def _check_transactional(
     ctx: BrokerContext, tid: str | None, topic: str, partition: int, data: bytes | None
 ) -> None:
     """A transactional batch comes with its transactional id, from the id's current producer
@@ -82,7 +84,7 @@ def _check_transactional(
         return
     if not is_transactional(h) or h.producer_id < 0:
         raise KafkaError(ErrorCode.invalid_record, "a transactional produce of a plain batch")
-    coordinator(ctx).check_write(tid, h.producer_id, h.producer_epoch, topic, partition)
+    await coordinator(ctx).verify_write(tid, h.producer_id, h.producer_epoch, topic, partition)
 
 
 async def _respond(

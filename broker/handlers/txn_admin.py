@@ -1,5 +1,6 @@
 """DescribeTransactions (65), ListTransactions (66): the coordinator's state, for operators
-(kafka-transactions.sh, AdminClient)."""
+(kafka-transactions.sh, AdminClient). In a cluster each broker describes and lists the
+transactional ids it coordinates (others: NOT_COORDINATOR)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ async def describe_transactions(
     out = []
     for tid in req.transactional_ids:
         try:
+            await coordinator(ctx).here(tid)  # NOT_COORDINATOR: placed on another broker
             meta = coordinator(ctx).txns.get(tid)
             if meta is None:
                 raise KafkaError(ErrorCode.transactional_id_not_found)
@@ -70,7 +72,10 @@ async def list_transactions(
     pids = set(req.producer_id_filters)
     code, found = ErrorCode.none, []
     try:
+        await coordinator(ctx).sync()  # the ids this broker coordinates now
         for tid, meta in sorted(coordinator(ctx).txns.items()):
+            if not coordinator(ctx).is_local(tid):
+                continue
             if (req.state_filters and meta.state.value not in states) or (
                 pids and meta.producer_id not in pids
             ):

@@ -1,5 +1,6 @@
 """TxnOffsetCommit (28): a consumer group's offsets as part of a transaction, pending until it
-commits (OffsetFetch answers them only then; an abort drops them)."""
+commits (OffsetFetch answers them only then; an abort drops them). Sent to the group's
+coordinator, as in Kafka (NOT_COORDINATOR elsewhere), which may not be the transaction's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from broker.handlers.apitypes import (
     TxnOffsetCommitResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, api, build, nested, resp
+from broker.handlers.coordination import require_here
 from broker.handlers.offsets import commit_errors
 from broker.handlers.txn import coordinator, fenced_code
 from broker.protocol.codec import RequestHead
@@ -50,6 +52,7 @@ async def txn_offset_commit(
             codes[(t.name, p.partition_index)] = code
     try:
         refuse(req.group_id)  # floe-table.*: a table's read-only group
+        await require_here(ctx, req.group_id)  # the group's coordinator takes them
         if isinstance(req, v3.TxnOffsetCommitRequest) and req.generation_id >= 0:
             # a member of a live generation (KIP-447); -1: not checked, as in Kafka
             ctx.groups.check_commit(

@@ -97,8 +97,15 @@ class TxnStateMixin:
             raise TxnConflictError(f"transactional id {row.transactional_id!r} changed")
 
     def _load_txn(self, tid: str) -> TxnRow | None:
-        rows, _pending = self._load_txns()
-        return next((r for r in rows if r.transactional_id == tid), None)
+        with self.store._txn(read_only=True) as db:
+            found = db.execute("SELECT transactional_id, producer_id, epoch, state, partitions,"
+                               " groups, timeout_ms, start_ms, update_ms, last_epoch FROM"
+                               " kafka_transactions WHERE transactional_id=?", (tid,)).fetchall()
+        for t, pid, epoch, state, parts, groups, timeout, start, update, last in found:
+            return TxnRow(t, pid, epoch, state,
+                          tuple((str(tp), int(p)) for tp, p in json.loads(parts)),
+                          tuple(json.loads(groups)), timeout, start, update, last)
+        return None
 
     async def load_txn(self, tid: str) -> TxnRow | None:
         return await self.store._run(self._load_txn, tid)

@@ -10,8 +10,24 @@ move of its pending group offsets (one metadata transaction). A coordinator that
 between finishes the markers when it starts again (`start`), and the expiry loop aborts
 transactions open longer than their timeout, bumping the epoch (the producer is fenced).
 
-On one broker every partition's leader is this broker; in a cluster the markers and the
-produce check have to reach each partition's leader (Kafka's WriteTxnMarkers).
+In a cluster a transactional id is coordinated by one broker, placed by the rule groups
+follow (broker.cluster.coordinators: its slot's live broker of highest rendezvous weight);
+every request about an id placed elsewhere answers NOT_COORDINATOR. When the live brokers
+change, ids placed elsewhere now are dropped from memory and ids placed here now are read
+from the metadata database: a Prepare* transaction is completed by its new coordinator, an
+Ongoing one goes on (or times out) there. A marker for a partition led by another broker is
+sent to that leader (WriteTxnMarkers, broker.txn.remote), asked again after each new cluster
+view until every partition has it; only then is the transaction Complete*.
+
+TxnOffsetCommit goes to the group's coordinator (which may be another broker): it checks the
+transaction in the metadata database and keeps the offsets pending; the transaction
+coordinator moves them into the committed offsets when the transaction completes, then tells
+each group's coordinator (a WriteTxnMarkers for the group's slot), which reads the group's
+offsets again; a coordinator that was never told finds the rows gone at its next sweep.
+
+A partition's leader checks a transactional produce (KIP-890 part 1) against the id's row
+when the id is coordinated elsewhere, once a transaction per partition (until a marker for
+the producer is written there, or the partition's leader epoch changes).
 """
 
 from __future__ import annotations
@@ -19,17 +35,43 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 
-from broker.engine import StorageEngine
+from broker.cluster.coordinators import coordinator_of, is_local, slot_of
+from broker.cluster.model import NO_LEADER, BrokerInfo, ClusterView
+from broker.engine import AppendResult, StorageEngine
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import OffsetStore
 from broker.metadata.txns import PendingOffsetRow, TxnConflictError
+from broker.txn import remote
 from broker.txn.state import MAX_EPOCH, MAX_TIMEOUT_MS, TxnBackend, TxnMeta, TxnState, now_ms
 
 log = logging.getLogger(__name__)
 
 COORDINATOR_EPOCH = 0  # one coordinator (Kafka: the leader epoch of the txn state partition)
-MARKER_TIMEOUT_S = 30.0
+MARKER_TIMEOUT_S = 30.0  # markers still missing then: EndTxn fails, the expiry loop goes on
+GROUP_NOTICE_TIMEOUT_S = 10.0  # telling groups' coordinators; the sweep catches up after
+SWEEP_ROUNDS = 5  # expiry rounds between sweeps of offsets pending for others' transactions
+VIEW_WAIT_S = 0.5  # a marker that could not be written: asked again after the next view
+# the marker may be written once the view changes: retried (anything else fails EndTxn)
+RETRIABLE = frozenset({
+    ErrorCode.not_leader_or_follower, ErrorCode.leader_not_available,
+    ErrorCode.unknown_topic_or_partition, ErrorCode.network_exception,
+    ErrorCode.request_timed_out, ErrorCode.kafka_storage_error, ErrorCode.not_coordinator,
+    ErrorCode.coordinator_not_available, ErrorCode.unknown_server_error,
+})
+_UNSYNCED: tuple[int, ...] = (-2,)  # no live brokers seen yet
+
+
+def _nodes(view: ClusterView | None) -> tuple[int, ...]:
+    return () if view is None else tuple(sorted(b.node_id for b in view.brokers))
+
+
+def _address(view: ClusterView | None, node_id: int) -> str | None:
+    for b in () if view is None else view.brokers:
+        if b.node_id == node_id:
+            return f"{b.host}:{b.port}"
+    return None
 
 
 class TxnCoordinator:
@@ -39,14 +81,25 @@ class TxnCoordinator:
         backend: TxnBackend,
         offsets: OffsetStore,
         check_interval_s: float = 1.0,
+        node_id: int = 0,
     ) -> None:
         self.storage = storage
         self.backend = backend
         self.offsets = offsets
         self.check_interval_s = check_interval_s
-        self.txns: dict[str, TxnMeta] = {}
+        self.node_id = node_id
+        self.txns: dict[str, TxnMeta] = {}  # the ids this broker coordinates
         # transactional id -> (group, topic, partition) -> offset pending until it commits
+        # (taken here as the groups' coordinator), and the producer id of each such id
         self.pending: dict[str, dict[tuple[str, str, int], PendingOffsetRow]] = {}
+        self.pending_pids: dict[str, int] = {}
+        # (producer id, topic, partition) -> (epoch, leader epoch): a transactional produce
+        # of an id coordinated elsewhere checked against its row; dropped by a marker
+        self.verified: dict[tuple[int, str, int], tuple[int, int | None]] = {}
+        self.marker_timeout_s = MARKER_TIMEOUT_S
+        self._nodes = _UNSYNCED
+        self._sync_lock = asyncio.Lock()
+        self._rounds = 0
         self._locks: dict[str, asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -54,10 +107,7 @@ class TxnCoordinator:
     async def start(self) -> None:
         """Load the state, finish transactions stopped between their markers, start the
         expiry loop."""
-        rows, pending = await self.backend.load_txns()
-        self.txns = {r.transactional_id: TxnMeta.of(r) for r in rows}
-        for p in pending:
-            self.pending.setdefault(p.transactional_id, {})[(p.group_id, p.topic, p.partition)] = p
+        await self.sync()
         await self.check_once()
         self._task = asyncio.create_task(self._loop(), name="txn-expiry")
 
@@ -75,13 +125,25 @@ class TxnCoordinator:
                 log.warning("transaction expiry round failed: %r", e)
 
     async def check_once(self) -> None:
-        """Complete transactions left in Prepare*; abort (fencing) expired ones."""
+        """Take the ids placed here since the last view; complete transactions left in
+        Prepare*; abort (fencing) expired ones; now and then, sweep offsets pending for
+        transactions that ended without this broker being told."""
+        await self.sync()
+        self._rounds += 1
+        if self.pending and self._rounds % SWEEP_ROUNDS == 0:
+            await self.sweep_pending()
         now = now_ms()
         for tid, meta in list(self.txns.items()):
+            if not self.is_local(tid) and not self._lock(tid).locked():
+                del self.txns[tid]  # kept by a request that was under way when it moved
+                continue
             if not (meta.state.preparing or meta.expired(now)) or self._lock(tid).locked():
                 continue
             async with self._lock(tid):
-                meta = self.txns[tid]
+                found = self.txns.get(tid)
+                if found is None:  # placed elsewhere meanwhile
+                    continue
+                meta = found
                 try:
                     if meta.state.preparing:
                         await self._complete(meta)
@@ -95,6 +157,45 @@ class TxnCoordinator:
     def _lock(self, tid: str) -> asyncio.Lock:
         return self._locks.setdefault(tid, asyncio.Lock())
 
+    # -- placement -------------------------------------------------------------------------
+    def is_local(self, tid: str) -> bool:
+        return is_local(tid, self.storage.cluster_view(), self.node_id)
+
+    async def here(self, tid: str) -> None:
+        """NOT_COORDINATOR unless this broker coordinates `tid`; the ids placed here since
+        the live brokers last changed are read from the metadata database first."""
+        view = self.storage.cluster_view()
+        if not is_local(tid, view, self.node_id):
+            raise KafkaError(ErrorCode.not_coordinator,
+                             f"transactional id {tid!r} is coordinated by another broker")
+        await self.sync()
+
+    async def sync(self) -> None:
+        """When the live brokers changed: drop the ids placed elsewhere now, read those placed
+        here now (and every pending transactional offset not known yet)."""
+        if _nodes(self.storage.cluster_view()) == self._nodes:
+            return
+        async with self._sync_lock:
+            view = self.storage.cluster_view()
+            nodes = _nodes(view)
+            if nodes == self._nodes:
+                return
+            rows, pending = await self.backend.load_txns()
+            view = self.storage.cluster_view()  # the newest, for what is kept
+            for tid in [t for t in self.txns if not is_local(t, view, self.node_id)]:
+                del self.txns[tid]
+            pids = {r.transactional_id: r.producer_id for r in rows}
+            for r in rows:
+                if r.transactional_id not in self.txns and is_local(
+                        r.transactional_id, view, self.node_id):
+                    self.txns[r.transactional_id] = TxnMeta.of(r)
+            for p in pending:
+                rows_of = self.pending.setdefault(p.transactional_id, {})
+                rows_of.setdefault((p.group_id, p.topic, p.partition), p)
+                if p.transactional_id in pids:
+                    self.pending_pids.setdefault(p.transactional_id, pids[p.transactional_id])
+            self._nodes = _nodes(view)
+
     # -- requests --------------------------------------------------------------------------
     async def init_producer_id(
         self, tid: str, timeout_ms: int, producer_id: int, epoch: int
@@ -103,6 +204,7 @@ class TxnCoordinator:
         earlier epoch is aborted first (its producer is fenced)."""
         if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise KafkaError(ErrorCode.invalid_transaction_timeout, f"{timeout_ms} ms")
+        await self.here(tid)
         async with self._lock(tid):
             meta = self.txns.get(tid)
             if meta is None:
@@ -137,6 +239,7 @@ class TxnCoordinator:
         self, tid: str, producer_id: int, epoch: int, partitions: list[tuple[str, int]]
     ) -> dict[tuple[str, int], ErrorCode]:
         """Add partitions to the open transaction (opening one): an error code for each."""
+        await self.here(tid)
         async with self._lock(tid):
             meta = self._valid(tid, producer_id, epoch)
             unknown = set()
@@ -155,6 +258,7 @@ class TxnCoordinator:
             return dict.fromkeys(partitions, ErrorCode.none)
 
     async def add_offsets(self, tid: str, producer_id: int, epoch: int, group_id: str) -> None:
+        await self.here(tid)
         async with self._lock(tid):
             new = self._opened(self._valid(tid, producer_id, epoch))
             new.groups.add(group_id)
@@ -165,19 +269,28 @@ class TxnCoordinator:
         entries: list[tuple[str, int, int, int, str | None]],
     ) -> None:
         """Offsets (topic, partition, offset, leader epoch, metadata) pending until the
-        transaction commits."""
+        transaction commits. Asked of the group's coordinator: the transaction is read from
+        the metadata database when another broker coordinates it."""
         async with self._lock(tid):
-            meta = self._valid(tid, producer_id, epoch)
+            if self.is_local(tid):
+                await self.sync()
+                meta = self._valid(tid, producer_id, epoch)
+            else:
+                row = await self.backend.load_txn(tid)
+                meta = self._check(tid, None if row is None else TxnMeta.of(row),
+                                   producer_id, epoch)
             if meta.state != TxnState.ONGOING or group_id not in meta.groups:
                 raise KafkaError(ErrorCode.invalid_txn_state,
                                  f"group {group_id!r} was not added to {tid!r}'s transaction")
             rows = [PendingOffsetRow(tid, group_id, t, p, o, e, md) for t, p, o, e, md in entries]
             await self.backend.add_txn_offsets(rows)
             pending = self.pending.setdefault(tid, {})
+            self.pending_pids[tid] = producer_id
             for r in rows:
                 pending[(r.group_id, r.topic, r.partition)] = r
 
     async def end_txn(self, tid: str, producer_id: int, epoch: int, commit: bool) -> None:
+        await self.here(tid)
         async with self._lock(tid):
             meta = self.txns.get(tid)
             if (meta is not None and not commit and meta.producer_id == producer_id
@@ -197,10 +310,47 @@ class TxnCoordinator:
                                  f"{tid!r} is {meta.state.value}, cannot "
                                  f"{'commit' if commit else 'abort'}")
 
-    def check_write(self, tid: str, producer_id: int, epoch: int, topic: str, part: int) -> None:
+    async def verify_write(
+        self, tid: str, producer_id: int, epoch: int, topic: str, part: int
+    ) -> None:
+        """`check_write` against this broker's state of `tid`, or, when another broker
+        coordinates it, against its row in the metadata database (once per transaction and
+        partition: until a marker of the producer is written here or the partition's leader
+        epoch changes)."""
+        if self.is_local(tid):
+            await self.sync()
+            try:
+                self.check_write(tid, producer_id, epoch, topic, part)
+                return
+            except KafkaError:  # the id may have just moved here: its newest row decides
+                row = await self.backend.load_txn(tid)
+                known = self.txns.get(tid)
+                if row is None or (known is not None and row.update_ms == known.update_ms):
+                    raise
+                self.check_write(tid, producer_id, epoch, topic, part, TxnMeta.of(row))
+                return
+        led = self.storage.led_epoch(topic, part)
+        key = (producer_id, topic, part)
+        if self.verified.get(key) == (epoch, led):
+            return
+        row = await self.backend.load_txn(tid)
+        self.check_write(tid, producer_id, epoch, topic, part,
+                         None if row is None else TxnMeta.of(row))
+        self.verified[key] = (epoch, led)
+
+    def marker_written(self, producer_id: int, topic: str, part: int) -> None:
+        """A marker of the producer was written into the partition: its next transactional
+        write there is checked again."""
+        self.verified.pop((producer_id, topic, part), None)
+
+    def check_write(
+        self, tid: str, producer_id: int, epoch: int, topic: str, part: int,
+        meta: TxnMeta | None = None,
+    ) -> None:
         """A transactional produce: the producer must be the id's current one, with a
-        transaction open that holds the partition (KIP-890 part 1)."""
-        meta = self.txns.get(tid)
+        transaction open that holds the partition (KIP-890 part 1). `meta`: the id's state
+        (default: this coordinator's)."""
+        meta = self.txns.get(tid) if meta is None else meta
         if meta is None or meta.producer_id != producer_id:
             raise KafkaError(ErrorCode.invalid_producer_id_mapping, f"{tid!r}: {producer_id}")
         if epoch != meta.epoch:
@@ -216,7 +366,10 @@ class TxnCoordinator:
 
     # -- internals -------------------------------------------------------------------------
     def _valid(self, tid: str, producer_id: int, epoch: int) -> TxnMeta:
-        meta = self.txns.get(tid)
+        return self._check(tid, self.txns.get(tid), producer_id, epoch)
+
+    @staticmethod
+    def _check(tid: str, meta: TxnMeta | None, producer_id: int, epoch: int) -> TxnMeta:
         if meta is None or meta.producer_id != producer_id:
             raise KafkaError(ErrorCode.invalid_producer_id_mapping, f"{tid!r}: {producer_id}")
         if epoch != meta.epoch:  # KIP-588: a timeout's bump is retriable, a new instance's not
@@ -272,25 +425,10 @@ class TxnCoordinator:
         await self._complete(new)
 
     async def _complete(self, meta: TxnMeta) -> None:
-        """Markers into every partition of the prepared transaction, then Complete*."""
+        """Markers into every partition of the prepared transaction, then Complete*, then
+        the groups' coordinators are told."""
         commit = meta.state == TxnState.PREPARE_COMMIT
-        futures = []
-        for topic, partition in sorted(meta.partitions):
-            try:
-                futures.append(self.storage.append_marker(
-                    topic, partition, meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH))
-            except KafkaError as e:
-                if e.code != ErrorCode.unknown_topic_or_partition:  # deleted: nothing to mark
-                    raise
-        if futures:
-            _, late = await asyncio.wait(futures, timeout=MARKER_TIMEOUT_S)
-            for f in late:
-                f.add_done_callback(lambda x: x.exception())  # retrieved: nobody waits
-            if late:
-                raise KafkaError(ErrorCode.request_timed_out, "markers not durable in time")
-            failed = [f.exception() for f in futures if f.exception() is not None]
-            if failed:
-                raise KafkaError(ErrorCode.kafka_storage_error, f"markers failed: {failed!r}")
+        await self._write_markers(meta, commit)
         new = copy.deepcopy(meta)
         new.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         new.partitions, new.groups, new.start_ms = set(), set(), -1
@@ -302,5 +440,184 @@ class TxnCoordinator:
             raise await self._conflict(new.transactional_id) from None
         self.txns[new.transactional_id] = new
         self.pending.pop(new.transactional_id, None)
+        self.pending_pids.pop(new.transactional_id, None)
         for r in moved:  # the committed offsets become what OffsetFetch answers
             self.offsets.offsets.setdefault(r.group_id, {})[(r.topic, r.partition)] = r
+        await self._tell_groups(meta, commit)
+
+    # -- markers ---------------------------------------------------------------------------
+    async def _write_markers(self, meta: TxnMeta, commit: bool) -> None:
+        """A marker into every partition of the transaction: through this broker's log for
+        the partitions it leads, WriteTxnMarkers to the leader of the others; what failed is
+        asked again after the next cluster view, until `marker_timeout_s`."""
+        todo = set(meta.partitions)
+        deadline = time.monotonic() + self.marker_timeout_s
+        while True:
+            view = self.storage.cluster_view()
+            failed = await self._marker_round(meta, commit, todo, view,
+                                              deadline - time.monotonic())
+            if not todo:
+                return
+            fatal = {c for c in failed.values() if c not in RETRIABLE}
+            if fatal:
+                raise KafkaError(min(fatal, key=int), f"markers of {meta.transactional_id!r}"
+                                 f" refused: {sorted(c.name for c in fatal)}")
+            if time.monotonic() >= deadline:
+                code = (ErrorCode.request_timed_out if ErrorCode.request_timed_out in
+                        failed.values() else ErrorCode.kafka_storage_error)
+                raise KafkaError(code, f"markers of {meta.transactional_id!r} missing in"
+                                 f" {sorted(todo)}: {sorted({c.name for c in failed.values()})}")
+            log.info("transaction %r: markers missing in %s (%s), asking again",
+                     meta.transactional_id, sorted(todo), {c.name for c in failed.values()})
+            await self._next_view(view, deadline)
+
+    async def _marker_round(
+        self, meta: TxnMeta, commit: bool, todo: set[tuple[str, int]],
+        view: ClusterView | None, timeout_s: float,
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """One attempt at every partition of `todo`; those written are removed from it.
+        Returns the others' error codes."""
+        failed: dict[tuple[str, int], ErrorCode] = {}
+        local: dict[tuple[str, int], asyncio.Future[AppendResult]] = {}
+        by_leader: dict[str, list[tuple[str, int]]] = {}
+        for tp in sorted(todo):
+            topic, partition = tp
+            try:
+                local[tp] = self.storage.append_marker(
+                    topic, partition, meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH)
+            except KafkaError as e:
+                if e.code == ErrorCode.unknown_topic_or_partition:  # deleted: nothing to mark
+                    todo.discard(tp)
+                elif e.code == ErrorCode.not_leader_or_follower and view is not None:
+                    address = self._leader(view, topic, partition)
+                    if address is None:
+                        failed[tp] = ErrorCode.leader_not_available
+                    else:
+                        by_leader.setdefault(address, []).append(tp)
+                else:
+                    failed[tp] = e.code
+        answers = await asyncio.gather(*(asyncio.to_thread(remote.send, address, [
+            remote.Marker(meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH, tuple(tps))])
+            for address, tps in by_leader.items()))
+        for codes in answers:
+            for (_, topic, partition), code in codes.items():
+                if code == ErrorCode.none:
+                    todo.discard((topic, partition))
+                else:
+                    failed[(topic, partition)] = code
+        if local:
+            _, late = await asyncio.wait(list(local.values()), timeout=max(timeout_s, 0.1))
+            for tp, f in local.items():
+                if f in late:
+                    f.add_done_callback(lambda x: x.exception())  # retrieved: nobody waits
+                    failed[tp] = ErrorCode.request_timed_out
+                    continue
+                exc = f.exception()
+                if exc is None:
+                    todo.discard(tp)
+                    self.marker_written(meta.producer_id, *tp)
+                else:
+                    failed[tp] = (exc.code if isinstance(exc, KafkaError)
+                                  else ErrorCode.kafka_storage_error)
+        return failed
+
+    def _leader(self, view: ClusterView, topic: str, partition: int) -> str | None:
+        lead = view.leaders.get(self.storage.stream_id(topic, partition))
+        if lead is None or lead.node_id == NO_LEADER:
+            return None
+        return _address(view, lead.node_id)
+
+    async def _next_view(self, seen: ClusterView | None, deadline: float) -> None:
+        """Wait for a cluster view other than `seen` (at most VIEW_WAIT_S, not past
+        `deadline`)."""
+        until = min(deadline, time.monotonic() + VIEW_WAIT_S)
+        while self.storage.cluster_view() is seen and time.monotonic() < until:
+            await asyncio.sleep(0.02)
+
+    async def _tell_groups(self, meta: TxnMeta, commit: bool) -> None:
+        """Tell the coordinator of each group of the transaction that it ended (a marker
+        for the group's slot): it reads the group's committed offsets again. Best effort,
+        bounded: a coordinator not told finds out at its next sweep."""
+        me = BrokerInfo(self.node_id, "", 0, None)
+        todo = {g for g in meta.groups}
+        deadline = time.monotonic() + GROUP_NOTICE_TIMEOUT_S
+        while todo:
+            view = self.storage.cluster_view()
+            by_broker: dict[str, set[str]] = {}
+            for g in sorted(todo):
+                b = coordinator_of(g, view, me)
+                if b is None:
+                    continue
+                if b.node_id == self.node_id:  # its offsets were moved here already
+                    todo.discard(g)
+                else:
+                    by_broker.setdefault(f"{b.host}:{b.port}", set()).add(g)
+            answers = await asyncio.gather(*(asyncio.to_thread(remote.send, address, [
+                remote.Marker(meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH,
+                              tuple(sorted({(remote.GROUP_MARKER_TOPIC, slot_of(g))
+                                            for g in groups})))])
+                for address, groups in by_broker.items()))
+            for groups, codes in zip(by_broker.values(), answers, strict=True):
+                done = {p for (_, _, p), c in codes.items() if c == ErrorCode.none}
+                todo -= {g for g in groups if slot_of(g) in done}
+            if not todo:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("transaction %r ended; the coordinators of groups %s were not"
+                            " told (they find out at their next sweep)",
+                            meta.transactional_id, sorted(todo))
+                return
+            await self._next_view(view, deadline)
+
+    async def group_marker(self, producer_id: int, commit: bool, slot: int) -> None:
+        """The transaction of `producer_id` ended (WriteTxnMarkers for the groups of
+        `slot`): the offsets pending for it here are dropped and, if it committed, its
+        groups' committed offsets read again (the transaction coordinator moved them)."""
+        tids = [t for t, pid in self.pending_pids.items() if pid == producer_id]
+        keys = {k for t in tids for k in self.pending.get(t, {}) if slot_of(k[0]) == slot}
+        if commit:
+            view = self.storage.cluster_view()
+            if tids:
+                await self._reread({g for g, _, _ in keys}, keys)
+            else:  # pending offsets never seen here: the slot's groups, all their offsets
+                await self._reread({g for g in self.offsets.offsets if slot_of(g) == slot
+                                    and is_local(g, view, self.node_id)}, None)
+        for t in tids:
+            rows = self.pending.get(t, {})
+            for key in [k for k in rows if slot_of(k[0]) == slot]:
+                del rows[key]
+            if not rows:
+                self.pending.pop(t, None)
+                self.pending_pids.pop(t, None)
+
+    async def sweep_pending(self) -> None:
+        """Offsets pending here for transactions that ended meanwhile (their rows are gone
+        from the metadata database): dropped, and their groups read again."""
+        seen = {t: dict(rows) for t, rows in self.pending.items()}
+        _, pending = await self.backend.load_txns()
+        still = {p.transactional_id for p in pending}
+        for tid, rows in seen.items():
+            if tid in still or (self.is_local(tid) and self._lock(tid).locked()):
+                continue
+            current = self.pending.get(tid, {})
+            for key, row in rows.items():
+                if current.get(key) is row:
+                    del current[key]
+            await self._reread({g for g, _, _ in rows}, set(rows))
+            if not current:
+                self.pending.pop(tid, None)
+                self.pending_pids.pop(tid, None)
+
+    async def _reread(
+        self, groups: set[str], keys: set[tuple[str, str, int]] | None
+    ) -> None:
+        """Read the committed offsets of `groups` coordinated here (only `keys` of them, if
+        given: those a transaction wrote) from the metadata database into memory."""
+        view = self.storage.cluster_view()
+        groups = {g for g in groups if is_local(g, view, self.node_id)}
+        if not groups:
+            return
+        for r in await self.offsets.meta.load_offsets():
+            if r.group_id in groups and (keys is None
+                                         or (r.group_id, r.topic, r.partition) in keys):
+                self.offsets.offsets.setdefault(r.group_id, {})[(r.topic, r.partition)] = r

@@ -1,0 +1,112 @@
+"""WriteTxnMarkers (27) to another broker: how the transaction coordinator has a marker
+written into a partition led elsewhere, and tells a group's coordinator that a transaction's
+offsets committed or aborted (the partition `GROUP_MARKER_TOPIC`-<the group's slot>, as Kafka
+writes the marker into the group's __consumer_offsets partition).
+
+The small blocking `broker.client.Client` runs in a thread (`send` is called through
+asyncio.to_thread), with a socket timeout and a deadline for each whole response; a response
+frame is at most MAX_FRAME bytes. Every failure to reach the broker or to read its answer is a
+retriable error code for each partition asked about: the coordinator asks again after the
+next cluster view.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from broker.client import Client, KafkaClientError, nested
+from broker.errors import ErrorCode
+
+WRITE_TXN_MARKERS = 27
+VERSION = 1
+GROUP_MARKER_TOPIC = "__consumer_offsets"
+TIMEOUT_S = 10.0  # connect, and each whole response
+MAX_FRAME = 1 << 20  # a marker response is a few bytes a partition
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    producer_id: int
+    epoch: int
+    commit: bool
+    coordinator_epoch: int
+    partitions: tuple[tuple[str, int], ...]
+
+
+class _Client(Client):
+    """`Client` with a bounded frame and a deadline for the whole response."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        super().__init__(address, timeout=timeout_s, client_id="floe-txn-coordinator")
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.timeout_s = timeout_s
+        self.deadline = 0.0
+
+    def request(self, api_key: int, version: int, **fields: Any) -> Any:
+        self.deadline = time.monotonic() + self.timeout_s
+        return super().request(api_key, version, **fields)
+
+    def _read(self, n: int) -> bytes:
+        if not 0 <= n <= MAX_FRAME:
+            raise KafkaClientError(f"a response frame of {n} bytes (at most {MAX_FRAME})")
+        out = bytearray()
+        while len(out) < n:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole response within {self.timeout_s:g} s")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(min(n - len(out), 1 << 16))
+            if not chunk:
+                raise KafkaClientError("connection closed by the broker")
+            out += chunk
+        return bytes(out)
+
+
+def _request(markers: Iterable[Marker]) -> tuple[Any, ...]:
+    marker_cls = nested(WRITE_TXN_MARKERS, VERSION, "WritableTxnMarker")
+    topic_cls = nested(WRITE_TXN_MARKERS, VERSION, "WritableTxnMarkerTopic")
+    out = []
+    for m in markers:
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in m.partitions:
+            by_topic.setdefault(topic, []).append(partition)
+        out.append(marker_cls(
+            producer_id=m.producer_id, producer_epoch=m.epoch, transaction_result=m.commit,
+            coordinator_epoch=m.coordinator_epoch,
+            topics=tuple(topic_cls(name=t, partition_indexes=tuple(ps))
+                         for t, ps in by_topic.items())))
+    return tuple(out)
+
+
+def send(
+    address: str, markers: list[Marker], timeout_s: float = TIMEOUT_S
+) -> dict[tuple[int, str, int], ErrorCode]:
+    """Ask the broker at HOST:PORT to write `markers`: an error code for each (producer id,
+    topic, partition) asked about (NETWORK_EXCEPTION / REQUEST_TIMED_OUT for all of them when
+    the broker cannot be reached or answered badly; a partition it left unanswered is
+    UNKNOWN_SERVER_ERROR). Blocking: run it in a thread."""
+    asked = [(m.producer_id, t, p) for m in markers for t, p in m.partitions]
+    try:
+        with _Client(address, timeout_s) as c:
+            resp = c.request(WRITE_TXN_MARKERS, VERSION, markers=_request(markers))
+    except TimeoutError:
+        return dict.fromkeys(asked, ErrorCode.request_timed_out)
+    except (KafkaClientError, OSError):
+        return dict.fromkeys(asked, ErrorCode.network_exception)
+    except Exception:  # bytes that do not decode: the peer's fault
+        return dict.fromkeys(asked, ErrorCode.network_exception)
+    codes = dict.fromkeys(asked, ErrorCode.unknown_server_error)
+    for m in resp.markers:
+        for t in m.topics:
+            for p in t.partitions:
+                key = (int(m.producer_id), str(t.name), int(p.partition_index))
+                if key in codes:
+                    try:
+                        codes[key] = ErrorCode(p.error_code)
+                    except ValueError:
+                        codes[key] = ErrorCode.unknown_server_error
+    return codes

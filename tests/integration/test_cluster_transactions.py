@@ -1,0 +1,304 @@
+"""Transactions over several brokers (issue 16 on the cluster of issue 12): a transactional id
+is coordinated by the broker broker.cluster.coordinators places it on, whichever broker its
+producer bootstraps to; the coordinator has markers written into partitions led by other
+brokers (WriteTxnMarkers); SIGKILLed between transactions, its ids move and the producer goes
+on with the new coordinator; a transaction's offsets go to the group's coordinator, another
+broker, and become visible with its output. Real `floe broker` processes on 127.0.0.1,
+confluent_kafka clients, a SQLite or PostgreSQL metadata database."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from broker.client import Client, nested
+from broker.cluster.coordinators import slot_of, slot_owner
+from tests.brokerproc import BrokerProcess
+from tests.integration.test_cluster import TIMEOUT_S, cluster, create_topic, leaders, wait_for
+from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 6
+NOT_COORDINATOR = 16
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+def key_on(node_id: int, nodes: list[int], prefix: str) -> str:
+    """A transactional id (or group id) the placement rule puts on `node_id`."""
+    return next(k for k in (f"{prefix}-{i}" for i in range(10_000))
+                if slot_owner(slot_of(k), nodes) == node_id)
+
+
+def find_coordinator(bootstrap: str, tid: str) -> int:
+    """The node FindCoordinator (key type 1, v4 batched and v1) names, asked of `bootstrap`;
+    both versions must agree."""
+    with Client(bootstrap, timeout=5) as c:
+        batched = c.request(10, 4, key_type=1, coordinator_keys=(tid,))
+        (entry,) = batched.coordinators
+        single = c.request(10, 1, key=tid, key_type=1)
+    assert entry.error_code == 0 and single.error_code == 0, (entry, single)
+    assert entry.node_id == single.node_id
+    return int(entry.node_id)
+
+
+def fetched_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    """The group's committed offsets, OffsetFetch v7 without require_stable, asked of its
+    coordinator `bootstrap` (what the coordinator holds now, no retry)."""
+    topic_cls = nested(9, 7, "OffsetFetchRequestTopic")
+    with Client(bootstrap, timeout=5) as c:
+        r = c.request(9, 7, group_id=group, require_stable=False, topics=(
+            topic_cls(name=topic, partition_indexes=tuple(range(partitions))),))
+    assert r.error_code == 0, r
+    (t,) = r.topics
+    assert all(p.error_code == 0 for p in t.partitions), t
+    return sorted(int(p.committed_offset) for p in t.partitions)
+
+
+def describe_code(bootstrap: str, tid: str) -> int:
+    with Client(bootstrap, timeout=5) as c:
+        (state,) = c.request(65, 0, transactional_ids=(tid,)).transaction_states
+    return int(state.error_code)
+
+
+def listed(bootstrap: str) -> set[str]:
+    with Client(bootstrap, timeout=5) as c:
+        r = c.request(66, 0, state_filters=(), producer_id_filters=())
+    assert r.error_code == 0
+    return {s.transactional_id for s in r.transaction_states}
+
+
+def spread_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
+    """Create the topic; wait until each partition has a leader and they are on 2+ brokers."""
+    create_topic(bootstrap, topic, partitions)
+    found: dict[int, int] = {}
+
+    def placed() -> bool:
+        found.update(leaders(bootstrap, topic))
+        return len(found) == partitions and min(found.values()) > 0 and len(
+            set(found.values())) >= 2
+
+    wait_for(f"{topic}'s partitions led by several brokers", placed)
+    return found
+
+
+def txn_producer(bootstrap: str, tid: str) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5,
+                  "transaction.timeout.ms": 20000, "message.timeout.ms": 20000})
+    p.init_transactions(TIMEOUT_S)
+    return p
+
+
+def read_all(bootstrap: str, topic: str, isolation: str,
+             partitions: int = PARTITIONS) -> list[bytes]:
+    """Every record's value up to the end of each partition (sorted)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": isolation})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: list[bytes] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while len(eof) < partitions and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                continue  # a leader moving: the consumer goes on
+            eof.discard(m.partition())
+            out.append(m.value())
+    finally:
+        c.close()
+    assert len(eof) == partitions, "did not reach the end of every partition"
+    return sorted(out)
+
+
+def one_transaction(p: Producer, topic: str, tag: str, commit: bool) -> None:
+    p.begin_transaction()
+    for part in range(PARTITIONS):
+        p.produce(topic, value=f"{tag}-{part}".encode(), partition=part)
+    if commit:
+        p.commit_transaction(TIMEOUT_S)
+    else:
+        p.flush(TIMEOUT_S)  # written, then aborted (an abort drops what was not sent yet)
+        p.abort_transaction(TIMEOUT_S)
+
+
+def expected(*tags: str) -> list[bytes]:
+    return sorted(f"{t}-{p}".encode() for t in tags for p in range(PARTITIONS))
+
+
+def test_a_transaction_spans_partitions_led_by_every_broker(
+    tmp_path: Path, metadata: str
+) -> None:
+    with cluster(tmp_path, metadata, 3) as brokers:
+        all_boot = ",".join(b.bootstrap for b in brokers)
+        spread_topic(all_boot, "tx")
+        tid = key_on(2, [1, 2, 3], "txn")
+        wait_for("every broker to name broker 2 as the coordinator", lambda: all(
+            find_coordinator(b.bootstrap, tid) == 2 for b in brokers))
+        p = txn_producer(brokers[0].bootstrap, tid)  # bootstrapped to broker 1
+        one_transaction(p, "tx", "c1", commit=True)
+        one_transaction(p, "tx", "a2", commit=False)
+        one_transaction(p, "tx", "c3", commit=True)
+        p.begin_transaction()
+        p.produce("tx", value=b"open-0", partition=0)  # left open: read_committed stops
+        p.flush(TIMEOUT_S)
+        # the coordinator describes it; the others answer NOT_COORDINATOR, list nothing
+        assert describe_code(brokers[1].bootstrap, tid) == 0
+        assert describe_code(brokers[0].bootstrap, tid) == NOT_COORDINATOR
+        assert describe_code(brokers[2].bootstrap, tid) == NOT_COORDINATOR
+        assert tid in listed(brokers[1].bootstrap)
+        assert tid not in listed(brokers[0].bootstrap) | listed(brokers[2].bootstrap)
+        p.abort_transaction(TIMEOUT_S)
+        assert read_all(all_boot, "tx", "read_committed") == expected("c1", "c3")
+        assert read_all(all_boot, "tx", "read_uncommitted") == sorted(
+            [*expected("c1", "a2", "c3"), b"open-0"])
+
+
+def _retrying(p_box: list[Producer], bootstrap: str, tid: str,
+              body: Callable[[Producer], None]) -> int:
+    """Run a transaction `body` until it commits, as an application does: an abortable error
+    aborts and retries, a fatal one makes a new producer (InitProducerId again). The
+    attempts taken."""
+    deadline = time.monotonic() + 60
+    attempts = 0
+    while True:
+        attempts += 1
+        p = p_box[0]
+        try:
+            body(p)
+            return attempts
+        except KafkaException as e:
+            err: Any = e.args[0]
+            if time.monotonic() > deadline:
+                raise
+            if err.fatal():
+                p_box[0] = txn_producer(bootstrap, tid)
+            elif err.txn_requires_abort():
+                try:
+                    p.abort_transaction(TIMEOUT_S)
+                except KafkaException:
+                    p_box[0] = txn_producer(bootstrap, tid)
+            time.sleep(0.2)
+
+
+def test_the_coordinator_sigkilled_between_transactions(tmp_path: Path, metadata: str) -> None:
+    with cluster(tmp_path, metadata, 3) as brokers:
+        all_boot = ",".join(b.bootstrap for b in brokers)
+        spread_topic(all_boot, "tx")
+        tid = key_on(3, [1, 2, 3], "txn")
+        survivor = slot_owner(slot_of(tid), [1, 2])
+        wait_for("every broker to name broker 3", lambda: all(
+            find_coordinator(b.bootstrap, tid) == 3 for b in brokers))
+        box = [txn_producer(brokers[0].bootstrap, tid)]
+        one_transaction(box[0], "tx", "c1", commit=True)
+        one_transaction(box[0], "tx", "a2", commit=False)
+        brokers[2].kill()  # SIGKILL
+        live: list[BrokerProcess] = brokers[:2]
+        wait_for(f"broker {survivor} named the coordinator by both survivors", lambda: all(
+            find_coordinator(b.bootstrap, tid) == survivor for b in live))
+
+        def commit_c3(p: Producer) -> None:
+            p.begin_transaction()
+            for part in range(PARTITIONS):
+                p.produce("tx", value=f"c3-{part}".encode(), partition=part)
+            while True:  # a retriable error: the commit is asked again, as librdkafka says
+                try:
+                    p.commit_transaction(TIMEOUT_S)
+                    return
+                except KafkaException as e:
+                    if not e.args[0].retriable():
+                        raise
+
+        _retrying(box, brokers[0].bootstrap, tid, commit_c3)
+        one_transaction(box[0], "tx", "c4", commit=True)
+        boot = ",".join(b.bootstrap for b in live)
+        got = read_all(boot, "tx", "read_committed")
+        assert got == expected("c1", "c3", "c4")
+        assert describe_code(brokers[survivor - 1].bootstrap, tid) == 0
+
+
+def test_offsets_and_output_commit_together_across_coordinators(
+    tmp_path: Path, metadata: str
+) -> None:
+    """consume-transform-produce: the group's coordinator (broker 1) is not the transaction's
+    (broker 3); the producer bootstraps to broker 2. Committed offsets appear with the output,
+    an aborted round's offsets and output never."""
+    with cluster(tmp_path, metadata, 3) as brokers:
+        all_boot = ",".join(b.bootstrap for b in brokers)
+        spread_topic(all_boot, "in", 3)
+        spread_topic(all_boot, "out", 3)
+        group = key_on(1, [1, 2, 3], "ctp-group")
+        tid = key_on(3, [1, 2, 3], "ctp-txn")
+        wait_for("placements seen by every broker", lambda: all(
+            find_coordinator(b.bootstrap, tid) == 3 for b in brokers))
+        plain = Producer({"bootstrap.servers": all_boot})
+        for i in range(30):
+            plain.produce("in", value=b"%d" % i, partition=i % 3)
+        plain.flush(TIMEOUT_S)
+        p = txn_producer(brokers[1].bootstrap, tid)
+
+        def committed() -> list[int]:
+            c = Consumer({"bootstrap.servers": brokers[1].bootstrap, "group.id": group})
+            try:
+                tps = c.committed([TopicPartition("in", i) for i in range(3)], timeout=10)
+            finally:
+                c.close()
+            return [max(tp.offset, -1) for tp in tps]
+
+        def one_round(n: int, commit: bool) -> list[int]:
+            c = Consumer({"bootstrap.servers": brokers[1].bootstrap, "group.id": group,
+                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                          "isolation.level": "read_committed"})
+            c.subscribe(["in"])
+            try:
+                p.begin_transaction()
+                taken = 0
+                deadline = time.monotonic() + TIMEOUT_S
+                while taken < n and time.monotonic() < deadline:
+                    m = c.poll(0.5)
+                    if m is None or m.error():
+                        continue
+                    p.produce("out", value=b"x" + m.value(), partition=m.partition())
+                    taken += 1
+                assert taken == n
+                positions = c.position(c.assignment())
+                p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), 30)
+                if commit:
+                    p.commit_transaction(TIMEOUT_S)
+                else:
+                    p.abort_transaction(TIMEOUT_S)
+                return sorted(max(tp.offset, -1) for tp in positions)  # -1: none
+            finally:
+                c.close()
+
+        first = one_round(9, commit=True)
+        # at once after the commit, the group's coordinator (broker 1) answers the new offsets
+        assert fetched_offsets(brokers[0].bootstrap, group, "in", 3) == first
+        assert sorted(committed()) == first
+        one_round(6, commit=False)
+        assert sorted(committed()) == first  # the aborted round's offsets dropped
+        out_after_first = read_all(all_boot, "out", "read_committed", 3)
+        assert len(out_after_first) == 9
+        last = one_round(21, commit=True)
+        assert sum(o for o in last if o > 0) == 30
+        assert fetched_offsets(brokers[0].bootstrap, group, "in", 3) == last
+        assert sorted(committed()) == last
+        out = read_all(all_boot, "out", "read_committed", 3)
+        assert out == sorted(b"x%d" % i for i in range(30))  # every input once
