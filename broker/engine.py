@@ -219,6 +219,19 @@ class StorageEngine(Protocol):
         self, name: str, configs: dict[str, str], validate_only: bool
     ) -> None: ...
 
+    # -- partition reassignments (leadership only: broker.cluster.assignment's pins)
+    async def reassign_partitions(
+        self, changes: list[tuple[str, int, int | None]]
+    ) -> list[KafkaError | None]:
+        """Pin each (topic, partition) to a broker (None: cancel its pin); for each change
+        its refusal (UNKNOWN_TOPIC_OR_PARTITION, INVALID_REPLICA_ASSIGNMENT: no such broker,
+        NO_REASSIGNMENT_IN_PROGRESS: nothing to cancel) or None."""
+        ...
+
+    async def pinned_partitions(self) -> list[tuple[str, int, int, int]]:
+        """(topic, partition, leader now, broker pinned to) of every pinned partition."""
+        ...
+
     # -- produce
     def append(
         self, topic: str, partition: int, data: bytes | None

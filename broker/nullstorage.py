@@ -97,6 +97,24 @@ class NullStorage(TopicTable):
         if not validate_only:
             self._add_partitions(t, total - len(t.streams))
 
+    async def reassign_partitions(
+        self, changes: list[tuple[str, int, int | None]]
+    ) -> list[KafkaError | None]:
+        out: list[KafkaError | None] = []
+        for topic, partition, target in changes:
+            try:
+                self.stream_id(topic, partition)
+                out.append(KafkaError(
+                    ErrorCode.no_reassignment_in_progress if target is None
+                    else ErrorCode.invalid_replica_assignment,
+                    "the null engine is one broker: it leads every partition"))
+            except KafkaError as e:
+                out.append(e)
+        return out
+
+    async def pinned_partitions(self) -> list[tuple[str, int, int, int]]:
+        return []
+
     async def set_topic_configs(
         self, name: str, configs: dict[str, str], validate_only: bool
     ) -> None:

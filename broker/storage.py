@@ -237,6 +237,19 @@ class Storage(TopicTable):
                 t.streams.append(s.stream_id)
             await self._sync_quietly()
 
+    # -- partition reassignments ----------------------------------------------------------
+    async def reassign_partitions(
+        self, changes: list[tuple[str, int, int | None]]
+    ) -> list[KafkaError | None]:
+        codes = {"unknown": ErrorCode.unknown_topic_or_partition,
+                 "broker": ErrorCode.invalid_replica_assignment,
+                 "none": ErrorCode.no_reassignment_in_progress}
+        return [None if e is None else KafkaError(codes[e.reason], str(e))
+                for e in await self.cluster.reassign(changes)]
+
+    async def pinned_partitions(self) -> list[tuple[str, int, int, int]]:
+        return [(p.topic, p.partition, p.leader, p.target) for p in await self.cluster.pins()]
+
     async def set_topic_configs(
         self, name: str, configs: dict[str, str], validate_only: bool
     ) -> None:

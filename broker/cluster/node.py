@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from broker.cluster import tables
@@ -120,6 +120,34 @@ class ClusterNode:
     def _leave(self) -> int:
         with self.store._txn() as db:
             return tables.leave(db, self.me)
+
+    async def reassign(
+        self, changes: Sequence[tuple[str, int, int | None]]
+    ) -> list[tables.PinError | None]:
+        """Pin partitions to brokers (None: cancel the pin), in one transaction; for each
+        change its refusal or None. The controller moves them at its next heartbeat."""
+        return await self.store._run(self._reassign, changes)
+
+    def _reassign(
+        self, changes: Sequence[tuple[str, int, int | None]]
+    ) -> list[tables.PinError | None]:
+        out: list[tables.PinError | None] = []
+        with self.store._txn() as db:
+            for topic, partition, target in changes:
+                try:
+                    tables.pin(db, topic, partition, target)  # raises before it writes
+                    out.append(None)
+                except tables.PinError as e:
+                    out.append(e)
+        return out
+
+    async def pins(self) -> list[tables.Pin]:
+        """Every pinned partition with its leader now."""
+        return await self.store._run(self._pins)
+
+    def _pins(self) -> list[tables.Pin]:
+        with self.store._txn(read_only=True) as db:
+            return tables.pins(db)
 
     def guards(self, stream_ids: Collection[int]) -> list[LeaderGuard]:
         """The guard of a change to these streams, with the epochs held now."""

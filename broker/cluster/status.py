@@ -1,5 +1,6 @@
 """`floe cluster status`: the cluster as its rows say (brokers with their leases, the
-controller, partition leaders with epochs) and where the group coordinator slots are
+controller, partition leaders with epochs, partitions pinned to a broker by
+AlterPartitionReassignments) and where the group coordinator slots are
 (broker.cluster.coordinators over the live brokers). Read from the metadata database itself
 (`--metadata URL`, one read-only transaction) or from a broker's admin port (`--metrics
 HOST:PORT`: its /status, which lists brokers and leases but not partitions)."""
@@ -35,6 +36,8 @@ class ClusterStatus:
     controller: int
     partitions: list[tuple[str, int, int, int]] | None = None  # topic, partition, leader, epoch
     slots: dict[int, int] = field(default_factory=dict)  # coordinator slot -> node id
+    # partitions pinned by AlterPartitionReassignments: topic, partition, leader, target
+    pins: list[tuple[str, int, int, int]] | None = None
 
 
 def _slots(brokers: list[BrokerRow]) -> dict[int, int]:
@@ -49,8 +52,8 @@ def read_metadata(store: StoreBase) -> ClusterStatus:
         rows = db.execute("SELECT node_id, host, port, rack, lease_expires_ms FROM"
                           " kafka_brokers ORDER BY node_id").fetchall()
         value = db.execute("SELECT value FROM kafka_meta WHERE key='controller'").fetchone()
-        parts = db.execute("SELECT topic, partition, leader, leader_epoch FROM"
-                           " kafka_partitions ORDER BY topic, partition").fetchall()
+        parts = db.execute("SELECT topic, partition, leader, leader_epoch, target_leader"
+                           " FROM kafka_partitions ORDER BY topic, partition").fetchall()
     brokers = [BrokerRow(int(n), str(h), int(p), r, int(e), int(e) > now)
                for n, h, p, r, e in rows]
     node = str(value[0] if value else "").partition(" ")[0]
@@ -58,8 +61,10 @@ def read_metadata(store: StoreBase) -> ClusterStatus:
     if controller not in {b.node_id for b in brokers if b.live}:
         controller = NO_LEADER
     return ClusterStatus(now, brokers, controller,
-                         [(str(t), int(p), int(n), int(e)) for t, p, n, e in parts],
-                         _slots(brokers))
+                         [(str(t), int(p), int(n), int(e)) for t, p, n, e, _ in parts],
+                         _slots(brokers),
+                         [(str(t), int(p), int(n), int(target)) for t, p, n, _, target in parts
+                          if int(target) != NO_LEADER])
 
 
 def read_admin(address: str, timeout_s: float = 10.0) -> ClusterStatus:
@@ -94,6 +99,13 @@ def render(s: ClusterStatus) -> str:
         for t, p, n, e in s.partitions:
             by_topic[t].append(f"{p}:{n if n != NO_LEADER else 'none'}@{e}")
         out += [f"  {t}  {' '.join(v)}" for t, v in sorted(by_topic.items())]
+    if s.pins is not None:
+        out.append(f"pinned partitions ({len(s.pins)}, AlterPartitionReassignments):"
+                   " topic-partition -> broker")
+        for t, p, n, target in s.pins:
+            state = "done" if n == target else (
+                f"moving: leader now {n if n != NO_LEADER else 'none'}")
+            out.append(f"  {t}-{p} -> {target} ({state})")
     slots: dict[int, list[int]] = defaultdict(list)
     for slot, n in sorted(s.slots.items()):
         slots[n].append(slot)
@@ -112,7 +124,10 @@ def as_json(s: ClusterStatus) -> dict[str, Any]:
             "partitions": None if s.partitions is None else [
                 {"topic": t, "partition": p, "leader": n, "leader_epoch": e}
                 for t, p, n, e in s.partitions],
-            "coordinator_slots": {str(k): v for k, v in s.slots.items()}}
+            "coordinator_slots": {str(k): v for k, v in s.slots.items()},
+            "pinned": None if s.pins is None else [
+                {"topic": t, "partition": p, "leader": n, "target": target,
+                 "done": n == target} for t, p, n, target in s.pins]}
 
 
 def _ranges(values: list[int]) -> str:

@@ -67,18 +67,26 @@ def _controller(db: Connection, me: Me, live: dict[int, tuple[BrokerInfo, str]],
     return me.node_id
 
 
-def _leaders(db: Connection) -> dict[int, Leader]:
-    return {int(s): Leader(int(n), int(e)) for s, n, e in db.execute(
-        "SELECT stream_id, leader, leader_epoch FROM kafka_partitions ORDER BY stream_id")}
+def _leaders(db: Connection) -> tuple[dict[int, Leader], dict[int, int]]:
+    """Every partition's leader, and the pinned ones' target broker, by stream id."""
+    current: dict[int, Leader] = {}
+    pins: dict[int, int] = {}
+    for s, n, e, target in db.execute("SELECT stream_id, leader, leader_epoch, target_leader"
+                                      " FROM kafka_partitions ORDER BY stream_id"):
+        current[int(s)] = Leader(int(n), int(e))
+        if int(target) != NO_LEADER:
+            pins[int(s)] = int(target)
+    return current, pins
 
 
 def _reassign(db: Connection, me: Me, live: dict[int, tuple[BrokerInfo, str]]) -> None:
     """The controller's work: leaders over the brokers that can be reached (an address
-    announced; this broker always), each change a compare-and-set on leader and epoch, in
-    stream id order (the order commits lock partition rows in)."""
-    current = _leaders(db)
+    announced; this broker always), pinned partitions on their live target, each change a
+    compare-and-set on leader and epoch, in stream id order (the order commits lock partition
+    rows in)."""
+    current, pinned = _leaders(db)
     eligible = {n for n, (b, _) in live.items() if b.port > 0} | {me.node_id}
-    changes = assign(eligible, current)
+    changes = assign(eligible, current, pinned)
     db.executemany(
         "UPDATE kafka_partitions SET leader=?, leader_epoch=? WHERE stream_id=? AND leader=?"
         " AND leader_epoch=?",
@@ -123,3 +131,50 @@ def leave(db: Connection, me: Me) -> int:
     db.execute("UPDATE kafka_brokers SET lease_expires_ms=0 WHERE node_id=? AND incarnation=?",
                (me.node_id, me.incarnation))
     return int(released)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A partition pinned to a broker by AlterPartitionReassignments, and its leader now."""
+
+    topic: str
+    partition: int
+    leader: int
+    target: int
+
+    @property
+    def done(self) -> bool:
+        return self.leader == self.target
+
+
+def pins(db: Connection) -> list[Pin]:
+    """Every pinned partition, in topic and partition order."""
+    return [Pin(str(t), int(p), int(n), int(target)) for t, p, n, target in db.execute(
+        "SELECT topic, partition, leader, target_leader FROM kafka_partitions"
+        " WHERE target_leader <> ? ORDER BY topic, partition", (NO_LEADER,))]
+
+
+class PinError(Exception):
+    """A reassignment refused: `reason` is 'unknown' (no such topic or partition), 'broker'
+    (no broker registered with that node id) or 'none' (a cancel with nothing pinned)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def pin(db: Connection, topic: str, partition: int, target: int | None) -> None:
+    """Pin the partition's leader to broker `target` (the controller moves it there at its
+    next heartbeat while that broker is live), or with None cancel its pin. Raises PinError."""
+    row = db.execute("SELECT target_leader FROM kafka_partitions WHERE topic=? AND"
+                     " partition=?", (topic, partition)).fetchone()
+    if row is None:
+        raise PinError("unknown", f"no partition {topic}-{partition}")
+    if target is None:
+        if int(row[0]) == NO_LEADER:
+            raise PinError("none", f"no reassignment of {topic}-{partition} to cancel")
+    elif not db.execute("SELECT 1 FROM kafka_brokers WHERE node_id=?", (target,)).fetchone():
+        raise PinError("broker", f"the reassignment of {topic}-{partition} names broker"
+                       f" {target}, but no such broker is registered")
+    db.execute("UPDATE kafka_partitions SET target_leader=? WHERE topic=? AND partition=?",
+               (NO_LEADER if target is None else target, topic, partition))

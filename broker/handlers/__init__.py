@@ -11,6 +11,7 @@ from broker.handlers import (  # noqa: F401
     offsets,
     produce,
     producer_ids,
+    reassignments,
     topics,
     txn,
     txn_admin,

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     import kio.schema.alter_configs.v1.response
     import kio.schema.alter_configs.v2.request
     import kio.schema.alter_configs.v2.response
+    import kio.schema.alter_partition_reassignments.v0.request
+    import kio.schema.alter_partition_reassignments.v0.response
+    import kio.schema.alter_partition_reassignments.v1.request
+    import kio.schema.alter_partition_reassignments.v1.response
     import kio.schema.api_versions.v0.request
     import kio.schema.api_versions.v0.response
     import kio.schema.api_versions.v1.request
@@ -233,6 +237,8 @@ if TYPE_CHECKING:
     import kio.schema.list_offsets.v7.response
     import kio.schema.list_offsets.v8.request
     import kio.schema.list_offsets.v8.response
+    import kio.schema.list_partition_reassignments.v0.request
+    import kio.schema.list_partition_reassignments.v0.response
     import kio.schema.list_transactions.v0.request
     import kio.schema.list_transactions.v0.response
     import kio.schema.metadata.v0.request
@@ -377,6 +383,18 @@ AlterConfigsResponse: TypeAlias = (
     " | kio.schema.alter_configs.v2.response.AlterConfigsResponse"
 )
 ALTER_CONFIGS: ApiTypes[AlterConfigsRequest, AlterConfigsResponse] = ApiTypes(33)
+
+AlterPartitionReassignmentsRequest: TypeAlias = (
+    "kio.schema.alter_partition_reassignments.v0.request.AlterPartitionReassignmentsRequest"
+    " | kio.schema.alter_partition_reassignments.v1.request.AlterPartitionReassignmentsRequest"
+)
+AlterPartitionReassignmentsResponse: TypeAlias = (
+    "kio.schema.alter_partition_reassignments.v0.response.AlterPartitionReassignmentsResponse"
+    " | kio.schema.alter_partition_reassignments.v1.response.AlterPartitionReassignmentsResponse"
+)
+ALTER_PARTITION_REASSIGNMENTS: ApiTypes[
+    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse
+] = ApiTypes(45)
 
 ApiVersionsRequest: TypeAlias = (
     "kio.schema.api_versions.v0.request.ApiVersionsRequest"
@@ -699,6 +717,16 @@ ListOffsetsResponse: TypeAlias = (
     " | kio.schema.list_offsets.v8.response.ListOffsetsResponse"
 )
 LIST_OFFSETS: ApiTypes[ListOffsetsRequest, ListOffsetsResponse] = ApiTypes(2)
+
+ListPartitionReassignmentsRequest: TypeAlias = (
+    "kio.schema.list_partition_reassignments.v0.request.ListPartitionReassignmentsRequest"
+)
+ListPartitionReassignmentsResponse: TypeAlias = (
+    "kio.schema.list_partition_reassignments.v0.response.ListPartitionReassignmentsResponse"
+)
+LIST_PARTITION_REASSIGNMENTS: ApiTypes[
+    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse
+] = ApiTypes(46)
 
 ListTransactionsRequest: TypeAlias = (
     "kio.schema.list_transactions.v0.request.ListTransactionsRequest"

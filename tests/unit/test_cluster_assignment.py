@@ -50,3 +50,28 @@ def test_a_balanced_assignment_is_left_alone() -> None:
 def test_a_released_partition_goes_to_the_least_loaded_broker() -> None:
     current = {1: Leader(1, 0), 2: Leader(1, 0), 3: Leader(2, 0), 4: Leader(NO_LEADER, 6)}
     assert assign([1, 2], current) == {4: Leader(2, 7)}
+
+
+def test_a_pinned_partition_goes_to_its_live_target_and_is_never_balanced_away() -> None:
+    current = {1: Leader(1, 4), 2: Leader(1, 2), 3: Leader(2, 3), 4: Leader(3, 1)}
+    changes = assign([1, 2, 3], current, {1: 3})
+    assert changes[1] == Leader(3, 5)  # moved to its target, next epoch
+    after_pin = after(current, changes)
+    assert sorted(loads(after_pin).values()) == [1, 1, 2]
+    assert assign([1, 2, 3], after_pin, {1: 3}) == {}  # stable
+    # a pin that is not yet honoured by balance: all four pinned to 3 stay there
+    all_on_3 = {sid: Leader(3, 1) for sid in range(1, 5)}
+    assert assign([1, 2, 3], all_on_3, dict.fromkeys(range(1, 5), 3)) == {}
+    # balance moves the unpinned ones only
+    mixed = {1: Leader(3, 1), 2: Leader(3, 1), 3: Leader(3, 1), 4: Leader(3, 1)}
+    moved = assign([1, 2, 3], mixed, {1: 3, 2: 3})
+    assert set(moved) == {3, 4} and {c.node_id for c in moved.values()} == {1, 2}
+
+
+def test_a_pin_to_a_dead_broker_is_ignored_until_it_is_live_again() -> None:
+    current = {1: Leader(3, 4), 2: Leader(1, 1)}
+    away = assign([1, 2], current, {1: 3})  # 3 died: its partition goes elsewhere
+    assert away[1].node_id in (1, 2) and away[1].epoch == 5
+    moved = after(current, away)
+    back = assign([1, 2, 3], moved, {1: 3})  # 3 is back: the partition returns to it
+    assert back[1] == Leader(3, 6)

@@ -97,3 +97,45 @@ async def test_a_second_process_of_a_node_id_fences_the_first(kafka: KafkaMetada
     assert all(fresh.view.leaders[s].epoch > first.view.leaders[s].epoch
                for s in first.view.leaders)
     assert NO_LEADER not in {lead.node_id for lead in fresh.view.leaders.values()}
+
+
+async def test_a_pin_moves_a_partition_keeps_it_there_and_is_cancelled(
+    kafka: KafkaMetadata,
+) -> None:
+    await txn(kafka, lambda db: tables.register(db, A, NOW))
+    await txn(kafka, lambda db: tables.advertise(db, A, "h", 1))
+    await txn(kafka, lambda db: tables.register(db, B, NOW))
+    await txn(kafka, lambda db: tables.advertise(db, B, "h", 2))
+    snap = await beat(kafka, A, NOW)  # A controls; 2 and 2
+    by_partition = dict(zip(range(4), sorted(snap.view.leaders), strict=True))
+    sid = next(s for s in sorted(snap.view.leaders) if snap.view.leaders[s].node_id == 1)
+    part = next(p for p, s in by_partition.items() if s == sid)
+    epoch = snap.view.leaders[sid].epoch
+
+    async def pin(target: int | None, partition: int = part, topic: str = "t") -> str | None:
+        try:
+            await txn(kafka, lambda db: tables.pin(db, topic, partition, target))
+            return None
+        except tables.PinError as e:
+            return e.reason
+
+    assert await pin(7) == "broker"  # no such broker registered
+    assert await pin(2, 9) == "unknown" and await pin(2, 0, "nope") == "unknown"
+    assert await pin(None) == "none"  # nothing to cancel
+    assert await pin(2) is None
+    [p] = await txn(kafka, tables.pins)
+    assert (p.topic, p.partition, p.leader, p.target, p.done) == ("t", part, 1, 2, False)
+    moved = await beat(kafka, A, NOW + 100)  # the controller moves it, next epoch
+    assert moved.view.leaders[sid] == Leader(2, epoch + 1)
+    assert led(moved) == {1: 2, 2: 2}  # and rebalances the others around it
+    assert (await txn(kafka, tables.pins))[0].done
+    for t in range(200, 1000, 200):  # never balanced back
+        assert (await beat(kafka, A, NOW + t)).view.leaders[sid].node_id == 2
+    # B dies: the partition goes to A; B back: it returns to B
+    gone = await beat(kafka, A, NOW + 2500)
+    assert gone.view.leaders[sid].node_id == 1
+    await txn(kafka, lambda db: tables.register(db, B, NOW + 2600))
+    await txn(kafka, lambda db: tables.advertise(db, B, "h", 2))
+    back = await beat(kafka, A, NOW + 2700)
+    assert back.view.leaders[sid].node_id == 2
+    assert await pin(None) is None and await txn(kafka, tables.pins) == []
