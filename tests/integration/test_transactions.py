@@ -192,7 +192,9 @@ def test_sigkill_mid_transaction_aborts_on_timeout(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with running_broker(data) as broker:
         make_topics(broker.bootstrap, "tx")
-        p = txn_producer(broker.bootstrap, "killed", **{"transaction.timeout.ms": 4000})
+        # long enough for the restart on a loaded machine (at 4 s it expired before the
+        # check below on 2 busy cores)
+        p = txn_producer(broker.bootstrap, "killed", **{"transaction.timeout.ms": 12000})
         p.begin_transaction()
         p.produce("tx", value=b"committed", partition=0)
         p.commit_transaction(30)
@@ -209,7 +211,7 @@ def test_sigkill_mid_transaction_aborts_on_timeout(tmp_path: Path) -> None:
         plain = Producer({"bootstrap.servers": broker.bootstrap})
         plain.produce("tx", value=b"later", partition=0)
         plain.flush(30)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # the coordinator aborts it after its timeout
             lso = c.get_watermark_offsets(TopicPartition("tx", 0), timeout=10, cached=False)[1]
             if lso > lso_now:
