@@ -2,12 +2,17 @@
 is coordinated by the broker broker.cluster.coordinators places it on, whichever broker its
 producer bootstraps to; the coordinator has markers written into partitions led by other
 brokers (WriteTxnMarkers); SIGKILLed between transactions, its ids move and the producer goes
-on with the new coordinator; a transaction's offsets go to the group's coordinator, another
-broker, and become visible with its output. Real `floe broker` processes on 127.0.0.1,
+on with the new coordinator, and one SIGKILLed in PrepareCommit is completed by the next; a
+transaction's offsets go to the group's coordinator, another broker, and become visible with
+its output. Real `floe broker` processes on 127.0.0.1,
 confluent_kafka clients, a SQLite or PostgreSQL metadata database."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -302,3 +307,62 @@ def test_offsets_and_output_commit_together_across_coordinators(
         assert sorted(committed()) == last
         out = read_all(all_boot, "out", "read_committed", 3)
         assert out == sorted(b"x%d" % i for i in range(30))  # every input once
+
+
+def _row_state(db: Path, tid: str) -> str | None:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as c:
+        row = c.execute("SELECT state FROM kafka_transactions WHERE transactional_id=?",
+                        (tid,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def test_a_prepared_commit_is_completed_by_the_next_coordinator(tmp_path: Path) -> None:
+    """The coordinator (broker 3) is SIGKILLed after writing PrepareCommit while a partition's
+    leader (broker 2, SIGSTOPped) has not taken its marker yet: the id's next coordinator
+    reads PrepareCommit from the database and writes the missing markers; the producer's
+    commit (retried by librdkafka with the new coordinator) succeeds, read_committed sees the
+    transaction on every partition exactly once."""
+    db = (tmp_path / "meta.db").resolve()
+    with cluster(tmp_path, f"sqlite:///{db}", 3) as brokers:
+        all_boot = ",".join(b.bootstrap for b in brokers)
+        spread_topic(all_boot, "tx")
+        wait_for("broker 2 to lead a partition", lambda: 2 in leaders(all_boot, "tx").values())
+        tid = key_on(3, [1, 2, 3], "txn")
+        nxt = slot_owner(slot_of(tid), [1, 2])
+        wait_for("every broker to name broker 3", lambda: all(
+            find_coordinator(b.bootstrap, tid) == 3 for b in brokers))
+        p = txn_producer(brokers[0].bootstrap, tid)
+        one_transaction(p, "tx", "c1", commit=True)
+        p.begin_transaction()
+        for part in range(PARTITIONS):
+            p.produce("tx", value=f"c2-{part}".encode(), partition=part)
+        p.flush(TIMEOUT_S)
+        paused = brokers[1].proc
+        assert paused is not None
+        paused.send_signal(signal.SIGSTOP)  # its marker cannot be written now
+        outcome: list[BaseException | None] = []
+
+        def commit() -> None:
+            try:
+                p.commit_transaction(60)
+                outcome.append(None)
+            except BaseException as e:  # reported below
+                outcome.append(e)
+
+        committer = threading.Thread(target=commit)
+        committer.start()
+        try:
+            wait_for("PrepareCommit written", lambda: _row_state(db, tid) == "PrepareCommit",
+                     timeout=10)
+            time.sleep(0.3)
+            brokers[2].kill()  # the coordinator, markers still missing on broker 2
+            assert _row_state(db, tid) == "PrepareCommit"
+        finally:
+            paused.send_signal(signal.SIGCONT)
+        committer.join(90)
+        assert not committer.is_alive()
+        assert outcome == [None], outcome
+        wait_for("CompleteCommit", lambda: _row_state(db, tid) == "CompleteCommit")
+        live = ",".join(b.bootstrap for b in brokers[:2])
+        assert find_coordinator(brokers[0].bootstrap, tid) == nxt
+        assert read_all(live, "tx", "read_committed") == expected("c1", "c2")
