@@ -366,3 +366,46 @@ def test_a_prepared_commit_is_completed_by_the_next_coordinator(tmp_path: Path) 
         live = ",".join(b.bootstrap for b in brokers[:2])
         assert find_coordinator(brokers[0].bootstrap, tid) == nxt
         assert read_all(live, "tx", "read_committed") == expected("c1", "c2")
+
+
+def test_an_open_transaction_goes_on_with_the_next_coordinator(
+    tmp_path: Path, metadata: str
+) -> None:
+    """The coordinator SIGKILLed with a transaction Ongoing (records written to every
+    partition): the next coordinator reads it from the database, the producer adds more and
+    commits there (an attempt librdkafka has to abort is aborted: its records never show)."""
+    with cluster(tmp_path, metadata, 3) as brokers:
+        all_boot = ",".join(b.bootstrap for b in brokers)
+        spread_topic(all_boot, "tx")
+        tid = key_on(3, [1, 2, 3], "txn")
+        wait_for("every broker to name broker 3", lambda: all(
+            find_coordinator(b.bootstrap, tid) == 3 for b in brokers))
+        box = [txn_producer(brokers[0].bootstrap, tid)]
+        one_transaction(box[0], "tx", "c1", commit=True)
+        tags: list[str] = []
+
+        def open_then_commit(p: Producer) -> None:
+            tag = f"m{len(tags)}"
+            tags.append(tag)
+            p.begin_transaction()
+            for part in range(PARTITIONS):
+                p.produce("tx", value=f"{tag}-{part}".encode(), partition=part)
+            p.flush(TIMEOUT_S)
+            if len(tags) == 1:
+                brokers[2].kill()  # the coordinator, the transaction Ongoing
+            for part in range(PARTITIONS):
+                p.produce("tx", value=f"{tag}-{part}b".encode(), partition=part)
+            while True:
+                try:
+                    p.commit_transaction(TIMEOUT_S)
+                    return
+                except KafkaException as e:
+                    if not e.args[0].retriable():
+                        raise
+
+        _retrying(box, brokers[0].bootstrap, tid, open_then_commit)
+        print(f"attempts: {tags}")
+        live = ",".join(b.bootstrap for b in brokers[:2])
+        done = tags[-1]
+        assert read_all(live, "tx", "read_committed") == sorted(
+            [*expected("c1", done), *(f"{done}-{p}b".encode() for p in range(PARTITIONS))])
