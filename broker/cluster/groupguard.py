@@ -8,9 +8,10 @@ LeaderGuard checks a partition's leader epoch).
   the rendezvous hash over the brokers the database has live) names it, bumps the group's
   coordinator epoch (the row lock waits for a commit in flight of the previous coordinator)
   and reads the group's committed offsets;
-- every OffsetCommit's transaction reads the group's row (locked: a take-over waits for it)
-  and writes only if it still names this broker at the epoch it took; otherwise the commit is
-  refused with NOT_COORDINATOR, nothing written, and the client finds the new coordinator.
+- every OffsetCommit's transaction (and OffsetDelete's, DeleteGroups') reads the group's row
+  (locked: a take-over waits for it) and writes only if it still names this broker at the
+  epoch it took; otherwise the commit is refused with NOT_COORDINATOR, nothing written, and
+  the client finds the new coordinator.
 
 So a commit is either in what the new coordinator read when it took the group, or refused:
 never lost silently, and the group's offsets never go back to an older coordinator's view.
@@ -72,8 +73,16 @@ class FencedGroupOffsets:
     async def load_offsets(self) -> list[OffsetRow]:
         return await self.kafka.load_offsets()
 
-    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
-        await self.kafka.delete_offsets(group_id, keys)
+    def _delete(self, group_id: str, keys: list[tuple[str, int]] | None,
+                epoch: int | None) -> None:
+        with self.node.store._txn() as db:
+            check(db, self.node.node_id, group_id, epoch, self.node.store.for_update)
+            self.kafka.remove_offsets(db, group_id, keys)
+
+    async def delete_offsets(
+        self, group_id: str, keys: list[tuple[str, int]] | None, epoch: int | None = None
+    ) -> None:
+        await self.node.store._run(self._delete, group_id, keys, epoch)
 
     async def delete_topic_offsets(self, topic: str) -> None:
         await self.kafka.delete_topic_offsets(topic)

@@ -31,7 +31,11 @@ class GroupOffsetBackend(Protocol):
         transaction; otherwise KafkaError NOT_COORDINATOR and nothing is written."""
         ...
 
-    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None: ...
+    async def delete_offsets(
+        self, group_id: str, keys: list[tuple[str, int]] | None, epoch: int | None = None
+    ) -> None:
+        """Fenced like commit_offsets."""
+        ...
 
     async def delete_topic_offsets(self, topic: str) -> None: ...
 
@@ -52,7 +56,9 @@ class MemoryGroupOffsets:
         for r in rows:
             self.rows[(r.group_id, r.topic, r.partition)] = r
 
-    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+    async def delete_offsets(
+        self, group_id: str, keys: list[tuple[str, int]] | None, epoch: int | None = None
+    ) -> None:
         for k in [k for k in self.rows if k[0] == group_id]:
             if keys is None or (k[1], k[2]) in keys:
                 del self.rows[k]
@@ -67,6 +73,9 @@ class OffsetStore:
         self.meta = meta
         self.offsets: dict[str, dict[tuple[str, int], OffsetRow]] = {}
         self.epochs: dict[str, int] = {}  # group -> coordinator epoch taken (fencing backends)
+        # groups whose commit was refused (another broker took them over): to unload, and to
+        # take over again should they be placed here (broker.handlers.coordination.here)
+        self.lost: set[str] = set()
 
     async def load(self) -> None:
         for r in await self.meta.load_offsets():
@@ -83,6 +92,12 @@ class OffsetStore:
             self.epochs.pop(group_id, None)
         else:
             self.epochs[group_id] = epoch
+        self.lost.discard(group_id)
+
+    def _refused(self, group_id: str, e: KafkaError) -> None:
+        if e.code == ErrorCode.not_coordinator:
+            self.epochs.pop(group_id, None)
+            self.lost.add(group_id)
 
     async def commit(
         self, group_id: str, entries: list[tuple[str, int, int, int, str | None]]
@@ -95,8 +110,7 @@ class OffsetStore:
         try:
             await self.meta.commit_offsets(rows, self.epochs.get(group_id))
         except KafkaError as e:
-            if e.code == ErrorCode.not_coordinator:
-                self.epochs.pop(group_id, None)
+            self._refused(group_id, e)
             raise
         group = self.offsets.setdefault(group_id, {})
         for r in rows:
@@ -109,7 +123,12 @@ class OffsetStore:
         return self.offsets.get(group_id, {})
 
     async def delete(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
-        await self.meta.delete_offsets(group_id, keys)
+        """Fenced like `commit` (NOT_COORDINATOR: nothing deleted)."""
+        try:
+            await self.meta.delete_offsets(group_id, keys, self.epochs.get(group_id))
+        except KafkaError as e:
+            self._refused(group_id, e)
+            raise
         if keys is None:
             self.offsets.pop(group_id, None)
             return

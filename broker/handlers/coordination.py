@@ -29,6 +29,9 @@ async def here(ctx: BrokerContext, group_id: str) -> bool:
     it over: from then on commits of a previous coordinator are refused."""
     view = ctx.storage.cluster_view()
     drop_moved(ctx.groups, view, ctx.node_id)
+    if group_id in ctx.offsets.lost:  # its commit was refused: another broker took it over
+        ctx.offsets.lost.discard(group_id)
+        forget(ctx.groups, group_id)  # unloaded; taken over again below if placed here
     if not is_local(group_id, view, ctx.node_id):
         return False
     if view is not None:
@@ -40,10 +43,6 @@ async def here(ctx: BrokerContext, group_id: str) -> bool:
             raise
     return True
 
-
-def taken_over(ctx: BrokerContext, group_id: str) -> None:
-    """A commit was refused: another broker took the group over since this one did."""
-    forget(ctx.groups, group_id)
 
 
 async def require_here(ctx: BrokerContext, group_id: str) -> None:

@@ -28,7 +28,7 @@ from broker.handlers.apitypes import (
     OffsetFetchResponse,
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, Entity, api, build, nested, resp
-from broker.handlers.coordination import here, require_here, taken_over
+from broker.handlers.coordination import here, require_here
 from broker.metadata.model import OffsetRow
 from broker.protocol.codec import RequestHead
 
@@ -92,8 +92,6 @@ async def offset_commit(
         try:
             await ctx.offsets.commit(req.group_id, entries)
         except KafkaError as e:  # NOT_COORDINATOR: another broker took the group over
-            if e.code == ErrorCode.not_coordinator:
-                taken_over(ctx, req.group_id)
             for name, index, *_ in entries:
                 codes[(name, index)] = e.code
         except Exception:
@@ -280,15 +278,16 @@ async def offset_delete(
     part_cls = nested(head, "OffsetDeleteResponsePartition")
     topic_cls = nested(head, "OffsetDeleteResponseTopic")
     table_group = tablegroups.is_table_group(req.group_id)  # read-only (tablegroups.REFUSAL)
-    if table_group or (
+    refusal = tablegroups.REFUSAL if table_group else None
+    if refusal is None and not await here(ctx, req.group_id):
+        refusal = ErrorCode.not_coordinator
+    if refusal is None and (
         req.group_id not in ctx.groups.groups and not ctx.offsets.of_group(req.group_id)
     ):
-        return build(
-            resp(head, OFFSET_DELETE),
-            error_code=tablegroups.REFUSAL if table_group else ErrorCode.group_id_not_found,
-            throttle_time=ZERO_MS,
-            topics=(),
-        )
+        refusal = ErrorCode.group_id_not_found
+    if refusal is not None:
+        return build(resp(head, OFFSET_DELETE), error_code=refusal, throttle_time=ZERO_MS,
+                     topics=())
     subscribed = ctx.groups.subscribed_topics(req.group_id)
     keys: list[tuple[str, int]] = []
     topics = []
@@ -307,7 +306,11 @@ async def offset_delete(
             )
         )
     if keys:
-        await ctx.offsets.delete(req.group_id, keys)
+        try:
+            await ctx.offsets.delete(req.group_id, keys)
+        except KafkaError as e:  # NOT_COORDINATOR: another broker took the group over
+            return build(resp(head, OFFSET_DELETE), error_code=e.code, throttle_time=ZERO_MS,
+                         topics=())
     return build(
         resp(head, OFFSET_DELETE),
         error_code=ErrorCode.none,

@@ -54,16 +54,23 @@ class GroupOffsetsMixin:
         """The group's committed offsets; no coordinator epoch (not fenced)."""
         return None, await self.store._run(self._take_group, group_id)
 
+    @staticmethod
+    def remove_offsets(db: Connection, group_id: str, keys: list[tuple[str, int]] | None) -> None:
+        """Delete some (None: all) of a group's offsets (inside the caller's transaction)."""
+        if keys is None:
+            db.execute("DELETE FROM kafka_group_offsets WHERE group_id=?", (group_id,))
+        else:
+            db.executemany("DELETE FROM kafka_group_offsets WHERE group_id=? AND topic=?"
+                           " AND partition=?", [(group_id, t, p) for t, p in keys])
+
     def _delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
         with self.store._txn() as db:
-            if keys is None:
-                db.execute("DELETE FROM kafka_group_offsets WHERE group_id=?", (group_id,))
-            else:
-                db.executemany("DELETE FROM kafka_group_offsets WHERE group_id=? AND topic=?"
-                               " AND partition=?", [(group_id, t, p) for t, p in keys])
+            self.remove_offsets(db, group_id, keys)
 
-    async def delete_offsets(self, group_id: str, keys: list[tuple[str, int]] | None) -> None:
-        """Delete some (or, with None, all) of a group's committed offsets."""
+    async def delete_offsets(
+        self, group_id: str, keys: list[tuple[str, int]] | None, epoch: int | None = None
+    ) -> None:
+        """Delete some (or, with None, all) of a group's committed offsets (unfenced)."""
         await self.store._run(self._delete_offsets, group_id, keys)
 
     def _delete_topic_offsets(self, topic: str) -> None:

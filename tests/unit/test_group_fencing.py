@@ -89,6 +89,10 @@ async def test_a_joining_broker_takes_the_group_and_the_old_coordinators_commits
     with pytest.raises(KafkaError) as e:  # a, still alive, sent a commit after the move
         await a.commit(30)
     assert refused(e) and await stored(a) == 20  # refused, nothing written
+    assert GROUP in a.offsets.lost  # to be unloaded by a at the group's next request
+    with pytest.raises(KafkaError) as e:  # OffsetDelete / DeleteGroups: fenced the same way
+        await a.offsets.delete(GROUP, None)
+    assert refused(e) and await stored(a) == 20
     with pytest.raises(KafkaError) as e:  # a cannot take it back: the database places it on b
         await a.offsets.reload(GROUP)
     assert refused(e)
@@ -99,11 +103,13 @@ async def test_a_joining_broker_takes_the_group_and_the_old_coordinators_commits
     await b.node.stop()
     await a.offsets.reload(GROUP)
     row = a.offsets.get(GROUP, "t", 0)
-    assert row is not None and row.committed_offset == 40
+    assert row is not None and row.committed_offset == 40 and GROUP not in a.offsets.lost
     await a.commit(50)
     with pytest.raises(KafkaError) as e:
         await b.commit(60)
     assert refused(e) and await stored(a) == 50
+    await a.offsets.delete(GROUP, [("t", 0)])  # the coordinator's own delete lands
+    assert [r for r in await a.kafka.load_offsets() if r.group_id == GROUP] == []
 
 
 async def test_commits_racing_a_take_over_are_either_read_by_it_or_refused(
