@@ -24,6 +24,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from broker.client import Client, nested
 from broker.cluster.coordinators import slot_of, slot_owner
+from broker.errors import ErrorCode
+from broker.txn import remote
 from tests.brokerproc import BrokerProcess
 from tests.integration.test_cluster import TIMEOUT_S, cluster, create_topic, leaders, wait_for
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
@@ -174,6 +176,23 @@ def test_a_transaction_spans_partitions_led_by_every_broker(
         assert read_all(all_boot, "tx", "read_committed") == expected("c1", "c3")
         assert read_all(all_boot, "tx", "read_uncommitted") == sorted(
             [*expected("c1", "a2", "c3"), b"open-0"])
+
+        # WriteTxnMarkers' guards: a partition the broker does not lead; a marker of an epoch
+        # older than the partition has seen (a new instance of the id wrote there since)
+        p2 = txn_producer(brokers[2].bootstrap, tid)  # epoch bumped: p is fenced
+        one_transaction(p2, "tx", "c4", commit=True)
+        with Client(brokers[1].bootstrap, timeout=5) as c:
+            (state,) = c.request(65, 0, transactional_ids=(tid,)).transaction_states
+        pid, epoch = int(state.producer_id), int(state.producer_epoch)
+        assert epoch >= 1
+        for part, lead in leaders(all_boot, "tx").items():
+            other = next(b for n, b in enumerate(brokers, 1) if n != lead)
+            marker = remote.Marker(pid, epoch - 1, False, 0, (("tx", part),))
+            assert remote.send(other.bootstrap, [marker]) == {
+                (pid, "tx", part): ErrorCode.not_leader_or_follower}
+            assert remote.send(brokers[lead - 1].bootstrap, [marker]) == {
+                (pid, "tx", part): ErrorCode.invalid_producer_epoch}
+        assert read_all(all_boot, "tx", "read_committed") == expected("c1", "c3", "c4")
 
 
 def _retrying(p_box: list[Producer], bootstrap: str, tid: str,
