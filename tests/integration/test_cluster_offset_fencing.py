@@ -16,6 +16,7 @@ import pytest
 from kio.schema.find_coordinator.v4 import request as find_v4
 from kio.schema.offset_commit.v8 import request as commit_v8
 from kio.schema.offset_fetch.v7 import request as fetch_v7
+from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i8, i32, i64
 
 from broker.cluster.coordinators import slot_of, slot_owner
@@ -41,9 +42,9 @@ def metadata(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def commit(address: str, offset: int) -> int:
     """A simple (generation -1) OffsetCommit of f-0 for GROUP: the partition's error code."""
     req = commit_v8.OffsetCommitRequest(
-        group_id=GROUP, generation_id_or_member_epoch=i32(-1), member_id="",
+        group_id=GroupId(GROUP), generation_id_or_member_epoch=i32(-1), member_id="",
         group_instance_id=None, topics=(commit_v8.OffsetCommitRequestTopic(
-            name="f", partitions=(commit_v8.OffsetCommitRequestPartition(
+            name=TopicName("f"), partitions=(commit_v8.OffsetCommitRequestPartition(
                 partition_index=i32(0), committed_offset=i64(offset),
                 committed_leader_epoch=i32(-1), committed_metadata=None),)),))
     with RawClient(address) as c:
@@ -53,8 +54,9 @@ def commit(address: str, offset: int) -> int:
 
 def fetch(address: str) -> tuple[int, int]:
     """(error code, committed offset of f-0) from an OffsetFetch for GROUP."""
-    req = fetch_v7.OffsetFetchRequest(group_id=GROUP, topics=(fetch_v7.OffsetFetchRequestTopic(
-        name="f", partition_indexes=(i32(0),)),), require_stable=False)
+    req = fetch_v7.OffsetFetchRequest(
+        group_id=GroupId(GROUP), topics=(fetch_v7.OffsetFetchRequestTopic(
+            name=TopicName("f"), partition_indexes=(i32(0),)),), require_stable=False)
     with RawClient(address) as c:
         resp: Any = c.request(req)
     if resp.error_code.value:
