@@ -470,6 +470,19 @@ class TxnCoordinator:
             log.info("transaction %r: markers missing in %s (%s), asking again",
                      meta.transactional_id, sorted(todo), {c.name for c in failed.values()})
             await self._next_view(view, deadline)
+            await self._still_mine(meta)
+
+    async def _still_mine(self, meta: TxnMeta) -> None:
+        """Before markers are asked again: this broker still coordinates the id and its row
+        is still the prepared state being completed (another coordinator that took the id
+        over completes it itself; a late marker from here could reach a partition after
+        the producer's next transaction began there)."""
+        tid = meta.transactional_id
+        if not self.is_local(tid):
+            raise KafkaError(ErrorCode.not_coordinator, f"{tid!r} moved to another broker")
+        row = await self.backend.load_txn(tid)
+        if row is None or row.update_ms != meta.update_ms:
+            raise await self._conflict(tid)
 
     async def _marker_round(
         self, meta: TxnMeta, commit: bool, todo: set[tuple[str, int]],

@@ -215,3 +215,35 @@ async def test_a_write_for_an_id_coordinated_elsewhere_is_checked_against_its_ro
     with pytest.raises(KafkaError) as e:
         await c.verify_write(tid, 1000, 0, "t", 0)
     assert e.value.code in (ErrorCode.invalid_producer_epoch, ErrorCode.producer_fenced)
+
+
+async def test_markers_stop_once_another_coordinator_completed_the_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A coordinator retrying a marker finds the id's row changed (the id's new coordinator
+    completed the transaction, the producer may have begun the next): it sends nothing more
+    and takes the row as it is."""
+    storage, backend = FakeStorage(), FakeBackend()
+    storage.view = view(1, 2, leaders={0: 2})
+    tid = tid_on(ME, [1, 2])
+    c = coordinator(storage, backend)
+    monkeypatch.setattr(coordinator_mod, "VIEW_WAIT_S", 0.05)
+    sent: list[str] = []
+
+    def send(address: str, markers: list[remote.Marker]) -> dict[Any, ErrorCode]:
+        sent.append(address)
+        row = backend.rows[tid]  # meanwhile, another coordinator completes it
+        backend.rows[tid] = TxnRow(tid, row.producer_id, row.epoch, "CompleteCommit", (), (),
+                                   row.timeout_ms, -1, row.update_ms + 1)
+        return {(m.producer_id, t, p): ErrorCode.network_exception
+                for m in markers for t, p in m.partitions}
+
+    monkeypatch.setattr(remote, "send", send)
+    pid, epoch = await c.init_producer_id(tid, 60_000, -1, -1)
+    await c.add_partitions(tid, pid, epoch, [("t", 0)])
+    with pytest.raises(KafkaError) as e:
+        await c.end_txn(tid, pid, epoch, True)
+    assert e.value.code == ErrorCode.concurrent_transactions
+    assert sent == ["127.0.0.1:9002"]  # not asked again
+    assert c.txns[tid].state == TxnState.COMPLETE_COMMIT
+    await c.end_txn(tid, pid, epoch, True)  # the client's retry: done already
