@@ -66,6 +66,7 @@ def build_storage(settings: Settings) -> Storage:
         open_metadata_store(settings.metadata_url),
         wal,
         cluster,
+        rack_aware=settings.replica_selector_class != "",
     )
 
 

@@ -150,6 +150,17 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaRead:
+    """What a read replica serves for one partition of a fetch, from one snapshot of the
+    metadata database: records, log start and high watermark (also the last stable offset:
+    a replica serves read_committed only for partitions without transactions)."""
+
+    data: bytes
+    log_start: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
 class MaintenanceJob:
     """A job the composition root runs every `interval_ms` (a failed run is retried then)."""
 
@@ -273,6 +284,22 @@ class StorageEngine(Protocol):
     ) -> tuple[int, int] | None: ...
 
     async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None: ...
+
+    # -- read replicas (KIP-392: fetch from the closest replica; see broker.replicas)
+    def preferred_read_replica(
+        self, topic: str, partition: int, rack: str, committed: bool
+    ) -> int:
+        """For a partition this broker leads, the node id of the live broker a consumer in
+        `rack` should fetch it from (another broker of that rack); -1: this one."""
+        ...
+
+    async def replica_read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool
+    ) -> ReplicaRead:
+        """A read-only read of a partition another broker leads, of committed data (at least
+        one batch); NOT_LEADER_OR_FOLLOWER when this broker cannot serve it so (the client
+        goes back to the leader), OFFSET_OUT_OF_RANGE outside what the replica holds."""
+        ...
 
     def commit_time(self, topic: str, partition: int, offset: int) -> float | None:
         """When `offset` became durable (epoch seconds), if the engine still knows."""

@@ -21,7 +21,14 @@ from prometheus_client.registry import Collector
 
 from broker.cluster.model import ClusterView
 from broker.config import Settings
-from broker.engine import AppendResult, MaintenanceJob, StorageEngine, Topic, TopicTable
+from broker.engine import (
+    AppendResult,
+    MaintenanceJob,
+    ReplicaRead,
+    StorageEngine,
+    Topic,
+    TopicTable,
+)
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
 from broker.health import HealthCheck
@@ -186,6 +193,16 @@ class NullStorage(TopicTable):
     ) -> tuple[int, int] | None:
         self.stream_id(topic, partition)
         return None  # no record is kept, so none has a timestamp
+
+    def preferred_read_replica(
+        self, topic: str, partition: int, rack: str, committed: bool
+    ) -> int:
+        return -1  # one broker
+
+    async def replica_read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool
+    ) -> ReplicaRead:
+        raise KafkaError(ErrorCode.not_leader_or_follower, "the null engine has no replicas")
 
     async def wait_for_data(self, keys: list[tuple[str, int]], timeout: float) -> None:
         await asyncio.sleep(timeout)  # nothing will ever be readable

@@ -26,6 +26,7 @@ from broker.config import Settings
 from broker.engine import (
     AppendResult,
     MaintenanceJob,
+    ReplicaRead,
     StorageEngine,
     Topic,
     TopicTable,
@@ -37,6 +38,7 @@ from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.metadata import KafkaMetadata, PartitionRow, TopicRow, producer_rows
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
+from broker.replicas import ReplicaCollector, ReplicaReads
 from broker.retention import retention_start
 from broker.txn.partitions import TxnLog
 from s3stream.compaction import CompactionSettings, Compactor
@@ -67,6 +69,7 @@ class Storage(TopicTable):
         meta: SqliteMetadataStore,
         wal: WalSettings,
         cluster: ClusterSettings | None = None,
+        rack_aware: bool = True,
     ) -> None:
         super().__init__()
         self.objects = objects
@@ -89,6 +92,10 @@ class Storage(TopicTable):
         self._topic_lock = asyncio.Lock()
         self.txns = TxnLog(self.log)  # open transactions and aborted ranges per partition
         self.traffic = costs.Traffic()  # bytes appended / served per stream (broker/costs.py)
+        # partitions led elsewhere, served read-only to consumers (KIP-392, broker.replicas);
+        # rack_aware: replica.selector.class is Kafka's RackAwareReplicaSelector (not '')
+        self.replicas = ReplicaReads(self.log, meta, serve_batches)
+        self.rack_aware = rack_aware
 
     async def open(self) -> None:
         await self.kafka.open()
@@ -128,6 +135,9 @@ class Storage(TopicTable):
         if lost:
             log.info("broker %d no longer leads streams %s", me, lost)
         take = sorted(s for s in want if s not in held)
+        self.replicas.sweep()
+        for sid in take:
+            self.replicas.drop(sid)  # led from now on: served from the log's own state
         if not take:
             return
         state = await self.kafka.load_streams(take)
@@ -219,6 +229,7 @@ class Storage(TopicTable):
             self.topics_by_id.pop(t.topic_id, None)
             for sid in t.streams:
                 self.cluster.held.pop(sid, None)
+                self.replicas.drop(sid)
                 self.log.drop_stream(sid)
                 self.producers.drop_stream(sid)
                 self.txns.drop(sid)
@@ -423,6 +434,40 @@ class Storage(TopicTable):
                     raise KafkaError(ErrorCode.kafka_storage_error, str(e)) from None
         raise AssertionError("unreachable")
 
+    # -- read replicas (KIP-392) ------------------------------------------------------------
+    def preferred_read_replica(
+        self, topic: str, partition: int, rack: str, committed: bool
+    ) -> int:
+        """Kafka's RackAwareReplicaSelector on shared storage: when the consumer's rack is not
+        this leader's and a live broker of that rack exists, that broker (of several, the one
+        the stream id picks: partitions spread over them). Not for read_committed fetches of
+        a partition with transactions (replicas refuse those)."""
+        view = self.cluster.view
+        if not self.rack_aware or not rack or rack == self.cluster.settings.rack:
+            return -1
+        sid = self.stream_id(topic, partition)
+        if not self.cluster.serves(sid):
+            return -1
+        if committed and self.txns.index.get(sid) is not None:
+            return -1
+        me = self.cluster.node_id
+        zone = sorted(b.node_id for b in view.brokers if b.rack == rack and b.node_id != me)
+        return zone[sid % len(zone)] if zone else -1
+
+    async def replica_read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool
+    ) -> ReplicaRead:
+        sid = self.stream_id(topic, partition)
+        if self.cluster.serves(sid):  # the leader serves it from its own state
+            raise KafkaError(ErrorCode.not_leader_or_follower, "led here: not a replica read")
+        if not self.cluster.lease_valid():
+            raise KafkaError(ErrorCode.not_leader_or_follower,
+                             f"broker {self.cluster.node_id}'s lease lapsed")
+        with attributed(((sid, 1.0),)):
+            got = await self.replicas.serve_read(sid, offset, max_bytes, committed)
+        self.traffic.served(sid, len(got.data))
+        return got
+
     async def offset_for_time(
         self, topic: str, partition: int, timestamp: int
     ) -> tuple[int, int] | None:
@@ -552,7 +597,8 @@ class Storage(TopicTable):
         )
 
     def collectors(self) -> list[Collector]:
-        out: list[Collector] = [storagemetrics.StorageCollector(self.log, self.objects)]
+        out: list[Collector] = [storagemetrics.StorageCollector(self.log, self.objects),
+                                ReplicaCollector(self.replicas)]
         if isinstance(self.objects, RetryingObjectStore):  # it counts what each call costs
             out.append(costs.CostCollector(self.objects.stats.costs, self.traffic, self))
         return out
@@ -563,7 +609,19 @@ class Storage(TopicTable):
             t = self.topics.get(topic)
             if t is not None and 0 <= partition < len(t.streams):
                 sids.append(t.streams[partition])
-        await self.log.wait_for_append(sids, timeout)
+        replicas = {s: r.stream.end_offset for s in sids
+                    if not self.cluster.serves(s) and (r := self.replicas.replicas.get(s))}
+        if not replicas:
+            await self.log.wait_for_append(sids, timeout)
+            return
+        waits = [asyncio.ensure_future(self.log.wait_for_append(sids, timeout)),
+                 asyncio.ensure_future(self.replicas.wait(replicas, timeout))]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
 
 def serve_batches(

@@ -37,12 +37,33 @@ def check_registry_url(url: str) -> str:
         raise ConfigError(f"{want} (no credentials, query or fragment)")
     return url.rstrip("/")
 
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
+
+def check_replica_selector(value: str) -> bool:
+    """Kafka's rack-aware selector (the only one floe has) or '' (off)."""
+    if value not in ("", RACK_AWARE_SELECTOR):
+        raise ConfigError(
+            f"replica.selector.class: {value!r} is not supported; floe has only"
+            f" {RACK_AWARE_SELECTOR} ('' turns replica selection off)"
+        )
+    return True
+
+
 _DEFS = [
     ConfigDef("listen", "string", "127.0.0.1:9092", "HOST:PORT to listen on (port 0: any)"),
     ConfigDef("advertised", "string", None, "HOST:PORT clients are told (default: listen)"),
     ConfigDef("data.dir", "string", "./floe-data", "local directory (caches, defaults)"),
     ConfigDef("node.id", "int", "0", check=nonneg),
     ConfigDef("broker.rack", "string", None, "rack (zone) of this broker, shown in Metadata"),
+    ConfigDef(
+        "replica.selector.class",
+        "string",
+        RACK_AWARE_SELECTOR,
+        "KIP-392: a leader sends a consumer whose client.rack names another live broker's"
+        " rack to that broker (preferred read replica); '' turns it off",
+        check=check_replica_selector,
+    ),
     ConfigDef(
         "broker.heartbeat.interval.ms",
         "int",
@@ -184,6 +205,7 @@ class Settings:
     data_dir: Path
     node_id: int
     broker_rack: str | None
+    replica_selector_class: str
     broker_heartbeat_interval_ms: int
     broker_session_timeout_ms: int
     object_store: str | None

@@ -1,16 +1,23 @@
 """Fetch (1): long-poll reads of committed data within max_bytes / partition_max_bytes;
 with isolation_level read_committed only up to the last stable offset, with the aborted
-transactions of the range served (clients drop their records). ListOffsets (2)."""
+transactions of the range served (clients drop their records). ListOffsets (2).
+
+KIP-392 (fetch from the closest replica, `broker.replicas`): a partition this broker does not
+lead is read from the shared store as a read replica; a partition it leads, asked by a
+consumer whose rack_id (Fetch v11+, client.rack) is another live broker's rack, is answered
+at once with no records and that broker as preferred_read_replica (Kafka's
+RackAwareReplicaSelector; `replica.selector.class` '' turns it off)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from typing import Protocol
 
 from kio.schema.list_offsets.v1 import request as list_offsets_v1
 
-from broker.engine import StorageEngine
+from broker.engine import ReplicaRead, StorageEngine
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.apitypes import (
     FETCH,
@@ -28,6 +35,9 @@ READ_COMMITTED = 1
 # a fetch that has records ready answers without the partitions whose reads take longer than
 # this (from its start): records reach consumers steadily while a cold read fills the cache
 SERVE_WITHIN_S = 0.25
+# how a partition of a fetch is served (a node id >= 0: sent to that preferred read replica)
+LEADER = -1  # this broker leads it (or an error is answered)
+REPLICA = -2  # another broker leads it: a read replica's read
 
 
 @api(FETCH, 4, 12)
@@ -46,6 +56,7 @@ async def _fetch(
     while True:
         response, size, errors = await _collect(ctx, head, req)
         remaining = deadline - time.monotonic()
+        # errors and preferred read replicas are answered at once (Kafka's way)
         if size >= req.min_bytes or errors or remaining <= 0 or not keys:
             return response
         await ctx.storage.wait_for_data(keys, remaining)
@@ -62,7 +73,11 @@ async def _collect(
     budget = max(req.max_bytes, 0)
     total = 0
     errors = False
-    reads = _Reads(storage, [(t.topic, p) for t in req.topics for p in t.partitions], budget)
+    rack = getattr(req, "rack_id", None) or ""  # v11+: the consumer's client.rack
+    routes = [_route(storage, t.topic, p.partition, rack, committed)
+              for t in req.topics for p in t.partitions]
+    wanted: list[tuple[str, _Wanted]] = [(t.topic, p) for t in req.topics for p in t.partitions]
+    reads = _Reads(storage, wanted, budget, routes, committed)
     topics = []
     i = 0
     for t in req.topics:
@@ -70,19 +85,27 @@ async def _collect(
         for p in t.partitions:
             code, hw, start, lso, data = ErrorCode.none, -1, -1, -1, b""
             aborted: list[tuple[int, int]] = []
+            route = routes[i]
             try:
                 limit = min(p.partition_max_bytes, budget - total)
-                if limit > 0 or total == 0:
+                got: bytes | ReplicaRead = b""
+                if route == REPLICA or (route == LEADER and (limit > 0 or total == 0)):
                     got = await reads.result(i, budget - total, total > 0)
+                if isinstance(got, ReplicaRead):  # one snapshot: no transactions (see there)
+                    data = _within(got.data, max(limit, 0), total == 0)
+                    start, hw, lso = got.log_start, got.high_watermark, got.high_watermark
+                else:
                     data = _within(got, max(limit, 0), total == 0)
-                # after the read: the high watermark answered is never below a record served
-                start, hw = storage.offsets(t.topic, p.partition)
-                lso = storage.last_stable_offset(t.topic, p.partition)
-                if committed:  # aborted ranges taken with (after) the LSO: see _below
-                    data = _below(data, lso)
-                    aborted = storage.aborted_transactions(
-                        t.topic, p.partition, p.fetch_offset, lso
-                    )
+                    # after the read: the high watermark answered is never below a record
+                    start, hw = storage.offsets(t.topic, p.partition)
+                    lso = storage.last_stable_offset(t.topic, p.partition)
+                    if committed:  # aborted ranges taken with (after) the LSO: see _below
+                        data = _below(data, lso)
+                        aborted = storage.aborted_transactions(
+                            t.topic, p.partition, p.fetch_offset, lso
+                        )
+                if route >= 0:
+                    data, aborted, errors = b"", [], True  # no records; answered at once
             except KafkaError as e:
                 code, errors = e.code, True
             i += 1
@@ -101,7 +124,7 @@ async def _collect(
                         build(aborted_cls, producer_id=pid, first_offset=first)
                         for pid, first in aborted
                     ),
-                    preferred_read_replica=-1,
+                    preferred_read_replica=route if route >= 0 and not code else -1,
                     records=data,
                 )
             )
@@ -114,6 +137,20 @@ async def _collect(
         responses=tuple(topics),
     )
     return response, total, errors
+
+
+def _route(
+    storage: StorageEngine, topic: str, partition: int, rack: str, committed: bool
+) -> int:
+    """LEADER, REPLICA, or the node id of the preferred read replica to send the client to."""
+    try:
+        if storage.led_epoch(topic, partition) is None:
+            return REPLICA
+        if rack:
+            return storage.preferred_read_replica(topic, partition, rack, committed)
+    except KafkaError:
+        pass  # the read answers the error (UNKNOWN_TOPIC_OR_PARTITION)
+    return LEADER
 
 
 class _Wanted(Protocol):
@@ -138,25 +175,41 @@ class _Reads:
     next fetch."""
 
     def __init__(
-        self, storage: StorageEngine, parts: list[tuple[str, _Wanted]], budget: int
+        self,
+        storage: StorageEngine,
+        parts: list[tuple[str, _Wanted]],
+        budget: int,
+        routes: list[int] | None = None,  # each partition's LEADER (default) / REPLICA / node
+        committed: bool = False,
     ) -> None:
         self.storage, self.parts, self.budget = storage, parts, budget
-        self.tasks: list[asyncio.Future[bytes]] = []
+        self.routes = routes if routes is not None else [LEADER] * len(parts)
+        self.committed = committed
+        self.tasks: list[asyncio.Future[bytes | ReplicaRead]] = []
         self.limits: list[int] = []
         self.ahead = 0  # bytes the started reads whose turn has not come may bring
         self.began = time.monotonic()
 
     def _start(self) -> None:
-        topic, p = self.parts[len(self.tasks)]
+        i = len(self.tasks)
+        topic, p = self.parts[i]
         limit = max(min(p.partition_max_bytes, self.budget), 0)
-        read = self.storage.read(topic, p.partition, p.fetch_offset, limit, must_return_one=True)
+        read: Coroutine[object, object, bytes | ReplicaRead]
+        if self.routes[i] == REPLICA:
+            read = self.storage.replica_read(
+                topic, p.partition, p.fetch_offset, limit, self.committed
+            )
+        elif self.routes[i] == LEADER:
+            read = self.storage.read(topic, p.partition, p.fetch_offset, limit, True)
+        else:  # sent to a preferred read replica: nothing read here
+            read, limit = _nothing(), 0
         task = asyncio.ensure_future(read)
         task.add_done_callback(_retrieve)
         self.tasks.append(task)
         self.limits.append(limit)
         self.ahead += limit
 
-    async def result(self, i: int, left: int, have_some: bool) -> bytes:
+    async def result(self, i: int, left: int, have_some: bool) -> bytes | ReplicaRead:
         """Partition i's read (its turn has come; the ones after it start while what they may
         bring stays within `left`, the bytes the budget has left). When the read is not done
         SERVE_WITHIN_S after the fetch's start and the response already has records
@@ -184,12 +237,20 @@ class _Reads:
     def _ready_after(self, i: int) -> bool:
         """Whether a read started for a partition after i has records."""
         return any(
-            t.done() and not t.cancelled() and t.exception() is None and t.result()
+            t.done() and not t.cancelled() and t.exception() is None and _records(t.result())
             for t in self.tasks[i + 1 :]
         )
 
 
-def _retrieve(task: asyncio.Future[bytes]) -> None:
+async def _nothing() -> bytes | ReplicaRead:
+    return b""
+
+
+def _records(got: bytes | ReplicaRead) -> bytes:
+    return got.data if isinstance(got, ReplicaRead) else got
+
+
+def _retrieve(task: asyncio.Future[bytes | ReplicaRead]) -> None:
     if not task.cancelled():
         task.exception()  # a read whose turn never came: its error is nobody's
 
