@@ -73,8 +73,11 @@ async def _collect(
     budget = max(req.max_bytes, 0)
     total = 0
     errors = False
-    rack = getattr(req, "rack_id", None) or ""  # v11+: the consumer's client.rack
-    routes = [_route(storage, t.topic, p.partition, rack, committed)
+    # v11+ carries the consumer's client.rack (KIP-392); like Kafka, only v11+ consumer
+    # fetches are served by a replica (older ones of a partition led elsewhere: not leader)
+    replicas = hasattr(req, "rack_id") and req.replica_id < 0
+    rack = getattr(req, "rack_id", None) or ""
+    routes = [_route(storage, t.topic, p.partition, rack, committed, replicas)
               for t in req.topics for p in t.partitions]
     wanted: list[tuple[str, _Wanted]] = [(t.topic, p) for t in req.topics for p in t.partitions]
     reads = _Reads(storage, wanted, budget, routes, committed)
@@ -140,12 +143,14 @@ async def _collect(
 
 
 def _route(
-    storage: StorageEngine, topic: str, partition: int, rack: str, committed: bool
+    storage: StorageEngine, topic: str, partition: int, rack: str, committed: bool,
+    replicas: bool,
 ) -> int:
-    """LEADER, REPLICA, or the node id of the preferred read replica to send the client to."""
+    """LEADER, REPLICA, or the node id of the preferred read replica to send the client to
+    (`replicas`: the fetch may be served by a read replica)."""
     try:
         if storage.led_epoch(topic, partition) is None:
-            return REPLICA
+            return REPLICA if replicas else LEADER
         if rack:
             return storage.preferred_read_replica(topic, partition, rack, committed)
     except KafkaError:
