@@ -78,6 +78,9 @@ class StorageCollector(Collector):
         yield histogram_family("floe_wal_flush_latency_seconds",
                                "Time of one WAL flush: object PUT plus metadata commit.", [],
                                [([], st.wal_flush_seconds)])
+        yield histogram_family("floe_metadata_queue_seconds",
+                               "Wait of a metadata store call for the store's one thread.", [],
+                               [([], log.meta.queue_seconds)])
         yield CounterMetricFamily("floe_cache_hits", "Chunk cache lookups that found the chunk.",
                                   value=log.cache.hits)
         yield CounterMetricFamily("floe_cache_misses", "Chunk cache lookups that missed.",

@@ -1,7 +1,9 @@
 """The store's plumbing: one thread, one connection, transactions, reconnection.
 
 Every database call runs on one dedicated thread (`_run`), so the connection is never shared
-and calls apply in the order they were made. Write transactions go through `_txn`.
+and calls apply in the order they were made. Write transactions go through `_txn`. How long
+calls wait for that thread (behind other calls: heartbeats, offset commits, table work) is
+counted in `queue_seconds` (the metric floe_metadata_queue_seconds).
 
 Connection loss (the PostgreSQL server restarted, the network dropped):
 - The store notices on the next statement, drops the connection and connects again on its
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +48,7 @@ from s3stream.metadata.model import (
     MetadataUnavailableError,
     TransactionRetryError,
 )
+from s3stream.stats import LATENCY_BUCKETS, Histogram
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -64,6 +68,8 @@ class StoreBase:
         self._db: Connection | None = None
         self._opened = False
         self._in_doubt: list[tuple[str, Callable[[], None]]] = []
+        # from a call's submission to its start on the store's thread
+        self.queue_seconds = Histogram(LATENCY_BUCKETS)
 
     @property
     def db(self) -> Connection:
@@ -71,7 +77,12 @@ class StoreBase:
         return self._db
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._started, time.monotonic(), fn, *args)
+
+    def _started(self, submitted: float, fn: Callable[..., T], *args: Any) -> T:
+        self.queue_seconds.observe(time.monotonic() - submitted)
+        return self._call(fn, *args)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn on the store's thread with a live connection (see the module docstring)."""

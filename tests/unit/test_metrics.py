@@ -139,6 +139,8 @@ async def test_engines_report_their_own_health_checks_and_metrics(tmp_path: Path
             m.register(collector)
         got = samples(m)
         assert got[("floe_wal_flushes_total", ())] >= 1
+        # every metadata call (open, heartbeats, the flush's commit) waited for the thread
+        assert got[("floe_metadata_queue_seconds_count", ())] >= 3
         assert got[("floe_object_store_requests_total", (("op", "PUT"),))] >= 1
         assert got[("floe_topics", ())] == 1 and got[("floe_partitions", ())] == 1
         assert got[("floe_health_ok", (("component", "metadata"),))] == 1
