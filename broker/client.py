@@ -10,6 +10,7 @@ import io
 import socket
 import struct
 import sys
+import time
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
@@ -23,15 +24,29 @@ class KafkaClientError(Exception):
     pass
 
 
+MAX_FRAME = 64 << 20  # a response frame longer than this is refused unread
+
+
 class Client:
-    def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str = "floe-cli") -> None:
+    """One connection to a broker. The peer's bytes are not trusted: a response frame is at
+    most `max_frame` bytes, and each whole response must arrive within `timeout` seconds (a
+    slow trickle is a TimeoutError too). Not connecting is KafkaClientError."""
+
+    def __init__(
+        self, bootstrap: str, timeout: float = 10.0, client_id: str = "floe-cli",
+        max_frame: int = MAX_FRAME,
+    ) -> None:
         host, _, port = bootstrap.rpartition(":")
         try:
             self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         except OSError as e:
             raise KafkaClientError(f"cannot connect to {bootstrap}: {e}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client_id = client_id
         self.correlation = 0
+        self.timeout = timeout
+        self.max_frame = max_frame
+        self._deadline = 0.0
 
     def close(self) -> None:
         self.sock.close()
@@ -58,6 +73,7 @@ class Client:
         )
         entity_writer(req_cls)(buf, req_cls(**fields))
         body = buf.getvalue()
+        self._deadline = time.monotonic() + self.timeout
         self.sock.sendall(struct.pack(">i", len(body)) + body)
         frame = self._read(struct.unpack(">i", self._read(4))[0])
         resp_cls = load_response_schema(api_key, version)
@@ -67,9 +83,15 @@ class Client:
         return entity_reader(resp_cls)(frame, n)[0]
 
     def _read(self, n: int) -> bytes:
+        if not 0 <= n <= self.max_frame:
+            raise KafkaClientError(f"a response frame of {n} bytes (at most {self.max_frame})")
         out = bytearray()
         while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole response within {self.timeout:g} s")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(min(n - len(out), 1 << 20))
             if not chunk:
                 raise KafkaClientError("connection closed by the broker")
             out += chunk

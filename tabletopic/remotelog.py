@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -60,38 +59,6 @@ class Unreachable(KafkaError):
 def moved(e: KafkaError) -> bool:
     """Whether asking again after the next cluster view may reach the partition."""
     return e.code in MOVED or isinstance(e, Unreachable)
-
-
-class _Client(Client):
-    """`Client` with bounded reads: a frame length outside [0, MAX_FRAME] is refused, and the
-    whole response must arrive before `deadline` (a slow trickle is a timeout too)."""
-
-    def __init__(self, address: str, timeout_s: float) -> None:
-        try:
-            super().__init__(address, timeout=timeout_s, client_id="floe-remotelog")
-        except KafkaClientError as e:
-            raise Unreachable(str(e)) from None
-        self.timeout_s = timeout_s
-        self.deadline = 0.0
-
-    def request(self, api_key: int, version: int, **fields: Any) -> Any:
-        self.deadline = time.monotonic() + self.timeout_s
-        return super().request(api_key, version, **fields)
-
-    def _read(self, n: int) -> bytes:
-        if not 0 <= n <= MAX_FRAME:
-            raise KafkaClientError(f"a response frame of {n} bytes (at most {MAX_FRAME})")
-        out = bytearray()
-        while len(out) < n:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no whole response within {self.timeout_s:g} s")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(min(n - len(out), 1 << 20))
-            if not chunk:
-                raise KafkaClientError("connection closed by the broker")
-            out += chunk
-        return bytes(out)
 
 
 class PartitionLog:
@@ -168,10 +135,12 @@ class PartitionLog:
             raise KafkaError(ErrorCode.network_exception,
                              f"{where}: malformed response ({type(e).__name__}: {e})") from None
 
-    def _connect(self, address: str) -> _Client:
-        c = _Client(address, self.timeout_s)
-        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return c
+    def _connect(self, address: str) -> Client:
+        try:
+            return Client(address, timeout=self.timeout_s, client_id="floe-remotelog",
+                          max_frame=MAX_FRAME)
+        except KafkaClientError as e:
+            raise Unreachable(str(e)) from None
 
     def _error(self, code: int, message: str | None = None) -> KafkaError:
         try:

@@ -4,16 +4,14 @@ offsets committed or aborted (the partition `GROUP_MARKER_TOPIC`-<the group's sl
 writes the marker into the group's __consumer_offsets partition).
 
 The small blocking `broker.client.Client` runs in a thread (`send` is called through
-asyncio.to_thread), with a socket timeout and a deadline for each whole response; a response
-frame is at most MAX_FRAME bytes. Every failure to reach the broker or to read its answer is a
+asyncio.to_thread), with a deadline for each whole response; a response frame is at most
+MAX_FRAME bytes. Every failure to reach the broker or to read its answer is a
 retriable error code for each partition asked about: the coordinator asks again after the
 next cluster view.
 """
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,35 +33,6 @@ class Marker:
     commit: bool
     coordinator_epoch: int
     partitions: tuple[tuple[str, int], ...]
-
-
-class _Client(Client):
-    """`Client` with a bounded frame and a deadline for the whole response."""
-
-    def __init__(self, address: str, timeout_s: float) -> None:
-        super().__init__(address, timeout=timeout_s, client_id="floe-txn-coordinator")
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.timeout_s = timeout_s
-        self.deadline = 0.0
-
-    def request(self, api_key: int, version: int, **fields: Any) -> Any:
-        self.deadline = time.monotonic() + self.timeout_s
-        return super().request(api_key, version, **fields)
-
-    def _read(self, n: int) -> bytes:
-        if not 0 <= n <= MAX_FRAME:
-            raise KafkaClientError(f"a response frame of {n} bytes (at most {MAX_FRAME})")
-        out = bytearray()
-        while len(out) < n:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no whole response within {self.timeout_s:g} s")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(min(n - len(out), 1 << 16))
-            if not chunk:
-                raise KafkaClientError("connection closed by the broker")
-            out += chunk
-        return bytes(out)
 
 
 def _request(markers: Iterable[Marker]) -> tuple[Any, ...]:
@@ -91,7 +60,8 @@ def send(
     UNKNOWN_SERVER_ERROR). Blocking: run it in a thread."""
     asked = [(m.producer_id, t, p) for m in markers for t, p in m.partitions]
     try:
-        with _Client(address, timeout_s) as c:
+        with Client(address, timeout=timeout_s, client_id="floe-txn-coordinator",
+                    max_frame=MAX_FRAME) as c:
             resp = c.request(WRITE_TXN_MARKERS, VERSION, markers=_request(markers))
     except TimeoutError:
         return dict.fromkeys(asked, ErrorCode.request_timed_out)

@@ -175,13 +175,16 @@ async def test_dead_letters_from_a_broker_that_does_not_lead_the_dlq(
     # the leader moves: C starts, A stops gracefully (its partitions are handed over); B's
     # view may still name A when it writes next
     cproc = c.start(3)
+    # the DLQ goes to C, pinned (what AlterPartitionReassignments does): B, should it take
+    # the controller role when A leaves, would place it anywhere (itself included)
+    assert await b.reassign_partitions([(DLQ, 0, 3)]) == [None]
     a.stop()
     stale = leader_of(b)  # usually still 1: the write finds A gone, then C
     began = time.monotonic()
     assert await again.write(1, dead(range(10, 14), 1)) == 2
     print(f"\nA stopped; B's view named leader {stale}; B's write reached C in"
           f" {time.monotonic() - began:.2f} s")
-    assert leader_of(b) == 3
+    await until("B's view names C", lambda: leader_of(b) == 3)
     assert await again.write(0, dead(range(5), 0)) == 0  # still nothing twice
     got = await asyncio.to_thread(read_back, cproc.bootstrap)
     assert [(hs["floe.source.partition"], hs["floe.source.offset"]) for *_, hs in got] == [
