@@ -49,7 +49,7 @@ from s3stream.log import (
     Stream,
     UnknownStreamError,
 )
-from s3stream.metadata import ChunkRow, SqliteMetadataStore, StreamRow
+from s3stream.metadata import ChunkRow, MetadataError, SqliteMetadataStore, StreamRow
 from s3stream.metadata.base import marks
 from s3stream.reader import ReaderMixin
 
@@ -106,6 +106,9 @@ class ReplicaReads(ReaderMixin):
         self.fetches = 0
         self.refreshes = 0
         self._swept = time.monotonic()
+        # refreshes asked for in one turn of the event loop (a fetch's partitions): one read
+        self._pending: dict[int, int] = {}
+        self._batch: asyncio.Future[None] | None = None
 
     # -- the database ----------------------------------------------------------------------
     def _query(self, wanted: list[tuple[int, int]]) -> dict[int, _Loaded]:
@@ -175,6 +178,19 @@ class ReplicaReads(ReaderMixin):
             with contextlib.suppress(Exception):
                 await asyncio.shield(f)
 
+    def _refresh_soon(self, sid: int, offset: int) -> asyncio.Future[None]:
+        """`_refresh` of the stream together with the others asked for in the same turn of
+        the event loop (the reads of one fetch start together): one database read."""
+        self._pending[sid] = min(offset, self._pending.get(sid, offset))
+        if self._batch is None:
+            self._batch = asyncio.ensure_future(self._run_batch())
+        return self._batch
+
+    async def _run_batch(self) -> None:
+        await asyncio.sleep(0)  # the other reads started with this one ask meanwhile
+        pending, self._pending, self._batch = self._pending, {}, None
+        await self._refresh(pending)
+
     def _install(self, sid: int, frm: int, got: _Loaded) -> None:
         now = time.monotonic()
         old = self.replicas.get(sid)
@@ -235,7 +251,7 @@ class ReplicaReads(ReaderMixin):
         if r is None or offset < r.loaded_from or (
             offset >= r.stream.end_offset and now - r.refreshed >= REFRESH_S
         ):
-            await self._refresh({sid: offset})
+            await asyncio.shield(self._refresh_soon(sid, offset))
             r = self.replicas.get(sid)
             if r is None:
                 raise KafkaError(ErrorCode.not_leader_or_follower,
@@ -249,7 +265,10 @@ class ReplicaReads(ReaderMixin):
         self.sweep()
         self.fetches += 1
         for attempt in range(1, RELOADS + 1):
-            r = await self._ready(sid, offset)
+            try:
+                r = await self._ready(sid, offset)
+            except MetadataError as e:  # the database is out of reach: try the leader
+                raise KafkaError(ErrorCode.not_leader_or_follower, repr(e)) from None
             st = r.stream
             if committed and r.transactional:
                 raise KafkaError(
@@ -309,7 +328,8 @@ class ReplicaReads(ReaderMixin):
             if stale:
                 for s in stale:
                     self.replicas[s].used = now
-                await self._refresh(stale)
+                with contextlib.suppress(MetadataError):  # out of reach: wait on, bounded
+                    await self._refresh(stale)
 
     def known(self, sids: Sequence[int]) -> list[int]:
         return [s for s in sids if s in self.replicas]

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from broker import costs, recordpolicy, storagemetrics
 from broker.cluster import ClusterNode, ClusterSettings, ClusterView, Snapshot
 from broker.cluster.groupguard import FencedGroupOffsets
+from broker.cluster.racks import rack_replica
 from broker.config import Settings
 from broker.engine import (
     AppendResult,
@@ -450,9 +451,7 @@ class Storage(TopicTable):
             return -1
         if committed and self.txns.index.get(sid) is not None:
             return -1
-        me = self.cluster.node_id
-        zone = sorted(b.node_id for b in view.brokers if b.rack == rack and b.node_id != me)
-        return zone[sid % len(zone)] if zone else -1
+        return rack_replica(view.brokers, rack, sid)  # Metadata lists it: broker.cluster.racks
 
     async def replica_read(
         self, topic: str, partition: int, offset: int, max_bytes: int, committed: bool

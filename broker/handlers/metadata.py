@@ -17,6 +17,7 @@ from kio.schema.metadata.v11.request import MetadataRequestTopic as MetadataTopi
 from kio.schema.metadata.v12.request import MetadataRequestTopic as MetadataTopicV12
 
 from broker.cluster.model import NO_LEADER, BrokerInfo, ClusterView
+from broker.cluster.racks import read_replicas
 from broker.engine import Topic, check_topic_name
 from broker.errors import ErrorCode, KafkaError
 from broker.handlers.apitypes import (
@@ -59,7 +60,9 @@ def _partitions(
     out = []
     for i, sid in enumerate(topic.streams):
         node, epoch = _leader(ctx, view, live, sid)
-        nodes = (node,) if node != NO_LEADER else ()
+        nodes: tuple[int, ...] = (node,) if node != NO_LEADER else ()
+        if nodes and view is not None and ctx.settings.replica_selector_class:
+            nodes += tuple(read_replicas(view.brokers, node, sid))  # KIP-392: see .racks
         out.append(build(
             part,
             error_code=ErrorCode.none if nodes else ErrorCode.leader_not_available,

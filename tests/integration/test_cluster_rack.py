@@ -9,6 +9,7 @@ consumer goes back to the leaders and loses nothing. Real `floe broker` processe
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -157,3 +158,44 @@ def test_a_consumer_reads_from_the_broker_of_its_zone(tmp_path: Path, metadata: 
             reader.until(want, timeout=60)
         finally:
             reader.close()
+
+
+@pytest.mark.java
+def test_the_java_consumer_reads_from_the_broker_of_its_zone(tmp_path: Path) -> None:
+    """The same with the official Java consumer (java/RackConsumerCheck.java): SQLite
+    metadata; skips like test_java_client.py when `java` or the kafka-clients jar is
+    missing."""
+    from tests.integration.test_java_client import JAVA, java_classpath
+
+    if JAVA is None:
+        pytest.skip("no java")
+    program = Path(__file__).resolve().parent / "java" / "RackConsumerCheck.java"
+    metadata = f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+    with zoned_cluster(tmp_path, metadata) as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "z", PARTITIONS)
+        placed: dict[int, int] = {}
+        wait_for("one partition per broker", lambda: placed.update(leaders(bootstrap, "z"))
+                 or sorted(placed.values()) == [1, 2, 3])
+        want = batch("j", 200)
+        produce(bootstrap, want)
+        proc = subprocess.run(
+            [JAVA, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", java_classpath(),
+             str(program), bootstrap, "z", str(PARTITIONS), "zone-c",
+             str(sum(len(v) for v in want.values()))],
+            capture_output=True, text=True, timeout=90,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
+        for line in proc.stdout.splitlines():
+            f = line.split("\t")
+            if f[0] == "R":
+                got[int(f[1])].append((int(f[2]), f[3].encode()))
+        for p, vs in want.items():
+            assert [v for _, v in got[p]] == vs, (
+                f"partition {p} of {placed}: {proc.stdout[-300:]}")
+            assert [o for o, _ in got[p]] == list(range(len(vs)))
+        elsewhere = [p for p, n in placed.items() if n != 3]
+        size = sum(len(v) for p in elsewhere for v in want[p])
+        assert replica_bytes(brokers[2]) >= size
+        assert replica_bytes(brokers[0]) == 0 and replica_bytes(brokers[1]) == 0
