@@ -154,3 +154,18 @@ def test_replica_selector_class_is_kafka_s_rack_aware_one_or_off() -> None:
     assert check_replica_selector("")
     with pytest.raises(ConfigError, match="not supported"):
         check_replica_selector("org.example.MySelector")
+
+
+def test_one_read_replica_per_other_rack_picked_by_the_stream_id() -> None:
+    from broker.cluster.model import BrokerInfo
+    from broker.cluster.racks import rack_replica, read_replicas
+
+    live = [BrokerInfo(n, "h", 9000 + n, rack) for n, rack in
+            ((1, "a"), (2, "b"), (3, "b"), (4, "c"), (5, None))]
+    assert read_replicas(live, 1, 0) == [2, 4]
+    assert read_replicas(live, 1, 1) == [3, 4]  # the rack's brokers share its partitions
+    assert read_replicas(live, 2, 0) == [1, 4]  # none more of the leader's own rack
+    assert read_replicas(live, 5, 7) == [1, 3, 4]  # a leader without a rack
+    assert read_replicas([b for b in live if b.rack is None], 5, 0) == []
+    assert [rack_replica(live, "b", s) for s in range(4)] == [2, 3, 2, 3]
+    assert rack_replica(live, "x", 0) == -1
