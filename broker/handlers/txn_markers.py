@@ -5,7 +5,9 @@ Each partition is answered on its own: its marker is appended through the log's 
 (as the coordinator's own markers are) and answered once durable; a partition this broker
 does not lead is NOT_LEADER_OR_FOLLOWER (the coordinator asks its leader after the next
 view); a marker whose producer epoch is older than the one the partition has seen from that
-producer is INVALID_PRODUCER_EPOCH (a stale coordinator, as Kafka answers). The partitions of
+producer is INVALID_PRODUCER_EPOCH (a stale coordinator, as Kafka answers); one whose
+coordinator epoch is below that of a marker written there for the producer is
+TRANSACTION_COORDINATOR_FENCED (its coordinator lost the id: broker.txn.index). The partitions of
 `__consumer_offsets` stand for the groups of a coordinator slot: the group coordinator learns
 that the transaction's offsets committed (broker.txn.coordinator.group_marker).
 """

@@ -126,7 +126,17 @@ CREATE TABLE kafka_group_coordinators(
 ALTER TABLE kafka_partitions ADD COLUMN target_leader {int} NOT NULL DEFAULT -1
 """
 
+# 6: a transactional id's coordinator epoch (broker.txn): bumped in the metadata transaction
+# in which a broker takes the id over (reads its row as its coordinator: at start, after the
+# live brokers changed, on finding the row changed by another coordinator); every marker that
+# coordinator writes carries it, and a partition's leader refuses a marker whose coordinator
+# epoch is below one it wrote for the producer (TRANSACTION_COORDINATOR_FENCED). Markers
+# written before carry 0, the lowest.
+TXN_COORDINATOR_EPOCH = """
+ALTER TABLE kafka_transactions ADD COLUMN coordinator_epoch {int} NOT NULL DEFAULT 0
+"""
+
 COMPONENT = Component("broker.metadata", [
     _create_and_move, sql_migration(CLUSTER), sql_migration(TXNS), sql_migration(TXN_LAST_EPOCH),
-    sql_migration(PINS_AND_GROUPS),
+    sql_migration(PINS_AND_GROUPS), sql_migration(TXN_COORDINATOR_EPOCH),
 ])

@@ -1,6 +1,7 @@
 """The transaction coordinator's durable state (broker.txn): one row per transactional id,
 the TxnOffsetCommit offsets pending until their transaction ends, and the partitions that
-ever took part in a transaction (see .schema, migration 3).
+ever took part in a transaction (see .schema, migration 3), and each id's coordinator epoch
+(migration 6), bumped when a broker takes the id over (`take_txns`, `take_txn`).
 
 Every method is one metadata transaction: the state written when a transaction ends and the
 move of its pending offsets into the committed group offsets land together or not at all.
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from broker.metadata.model import OffsetRow
 from s3stream.metadata import MetadataStore
@@ -37,6 +40,9 @@ class TxnRow:
     start_ms: int
     update_ms: int
     last_epoch: int = -1  # the epoch before a bump that aborted an expired transaction
+    # bumped by each broker taking the id over; its markers carry it (never written by
+    # save_txn / end_txn over an existing row)
+    coordinator_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +64,30 @@ def _values(r: TxnRow) -> tuple[object, ...]:
             r.timeout_ms, r.start_ms, r.update_ms, r.last_epoch)
 
 
+_COLUMNS = ("SELECT transactional_id, producer_id, epoch, state, partitions, groups, timeout_ms,"
+            " start_ms, update_ms, last_epoch, coordinator_epoch FROM kafka_transactions")
+
+
+def _row(r: tuple[Any, ...]) -> TxnRow:
+    tid, pid, epoch, state, parts, groups, timeout, start, update, last, cepoch = r
+    return TxnRow(tid, pid, epoch, state, tuple((str(t), int(p)) for t, p in json.loads(parts)),
+                  tuple(json.loads(groups)), timeout, start, update, last, cepoch)
+
+
 class TxnStateMixin:
     store: MetadataStore
 
-    def _load_txns(self) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
-        with self.store._txn(read_only=True) as db:
-            rows = [TxnRow(tid, pid, epoch, state,
-                           tuple((str(t), int(p)) for t, p in json.loads(parts)),
-                           tuple(json.loads(groups)), timeout, start, update, last)
-                    for tid, pid, epoch, state, parts, groups, timeout, start, update, last
-                    in db.execute("SELECT transactional_id, producer_id, epoch, state,"
-                                  " partitions, groups, timeout_ms, start_ms, update_ms,"
-                                  " last_epoch FROM kafka_transactions")]
+    def _load_txns(
+        self, take: Callable[[str], bool] | None = None
+    ) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
+        with self.store._txn(read_only=take is None) as db:
+            if take is not None:
+                taken = [(t,) for (t,) in db.execute(
+                    "SELECT transactional_id FROM kafka_transactions") if take(str(t))]
+                db.executemany("UPDATE kafka_transactions SET"
+                               " coordinator_epoch=coordinator_epoch+1"
+                               " WHERE transactional_id=?", taken)
+            rows = [_row(r) for r in db.execute(_COLUMNS)]
             pending = [PendingOffsetRow(*r) for r in db.execute(
                 "SELECT transactional_id, group_id, topic, partition, committed_offset,"
                 " leader_epoch, metadata FROM kafka_txn_offsets")]
@@ -79,14 +97,23 @@ class TxnStateMixin:
         """Every transactional id's state and every pending transactional offset."""
         return await self.store._run(self._load_txns)
 
+    async def take_txns(
+        self, take: Callable[[str], bool]
+    ) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
+        """As load_txns, and in the same metadata transaction the coordinator epoch of every
+        id for which `take` is true is bumped (the rows returned carry the new one): this
+        broker takes those ids over. `take` runs in the store's thread."""
+        return await self.store._run(self._load_txns, take)
+
     def _write(self, row: TxnRow, read_version: int | None) -> None:
         db = self.store.db
         if read_version is None:
             written = db.execute(
                 "INSERT INTO kafka_transactions(transactional_id, producer_id, epoch, state,"
-                " partitions, groups, timeout_ms, start_ms, update_ms, last_epoch)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (transactional_id) DO NOTHING",
-                _values(row))
+                " partitions, groups, timeout_ms, start_ms, update_ms, last_epoch,"
+                " coordinator_epoch) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (transactional_id) DO NOTHING",
+                (*_values(row), row.coordinator_epoch))
         else:
             written = db.execute(
                 "UPDATE kafka_transactions SET producer_id=?, epoch=?, state=?, partitions=?,"
@@ -96,19 +123,23 @@ class TxnStateMixin:
         if written.rowcount != 1:
             raise TxnConflictError(f"transactional id {row.transactional_id!r} changed")
 
-    def _load_txn(self, tid: str) -> TxnRow | None:
-        with self.store._txn(read_only=True) as db:
-            found = db.execute("SELECT transactional_id, producer_id, epoch, state, partitions,"
-                               " groups, timeout_ms, start_ms, update_ms, last_epoch FROM"
-                               " kafka_transactions WHERE transactional_id=?", (tid,)).fetchall()
-        for t, pid, epoch, state, parts, groups, timeout, start, update, last in found:
-            return TxnRow(t, pid, epoch, state,
-                          tuple((str(tp), int(p)) for tp, p in json.loads(parts)),
-                          tuple(json.loads(groups)), timeout, start, update, last)
+    def _load_txn(self, tid: str, take: bool = False) -> TxnRow | None:
+        with self.store._txn(read_only=not take) as db:
+            if take:
+                db.execute("UPDATE kafka_transactions SET coordinator_epoch=coordinator_epoch+1"
+                           " WHERE transactional_id=?", (tid,))
+            found = db.execute(_COLUMNS + " WHERE transactional_id=?", (tid,)).fetchall()
+        for r in found:
+            return _row(tuple(r))
         return None
 
     async def load_txn(self, tid: str) -> TxnRow | None:
         return await self.store._run(self._load_txn, tid)
+
+    async def take_txn(self, tid: str) -> TxnRow | None:
+        """As load_txn, bumping the id's coordinator epoch in the same metadata transaction
+        (this broker takes the id over)."""
+        return await self.store._run(self._load_txn, tid, True)
 
     def _save_txn(
         self, row: TxnRow, new_partitions: list[tuple[str, int]], read_version: int | None

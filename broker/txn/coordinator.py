@@ -19,6 +19,14 @@ Ongoing one goes on (or times out) there. A marker for a partition led by anothe
 sent to that leader (WriteTxnMarkers, broker.txn.remote), asked again after each new cluster
 view until every partition has it; only then is the transaction Complete*.
 
+Each id has a coordinator epoch, bumped in the metadata transaction in which a broker takes
+the id over (reads its row to coordinate it: `sync`, or `_conflict` on finding the row changed
+by another coordinator); every marker carries it. A partition's leader refuses a marker older
+than one it wrote for the producer (TRANSACTION_COORDINATOR_FENCED, broker.txn.index): a
+coordinator that lost the id cannot end the producer's next transaction there with a late
+marker. Told so, the coordinator stops: the id is dropped from memory, nothing more is written
+for it (EndTxn answers NOT_COORDINATOR), and the ids are read again at the next `sync`.
+
 TxnOffsetCommit goes to the group's coordinator (which may be another broker): it checks the
 transaction in the metadata database and keeps the offsets pending; the transaction
 coordinator moves them into the committed offsets when the transaction completes, then tells
@@ -48,7 +56,6 @@ from broker.txn.state import MAX_EPOCH, MAX_TIMEOUT_MS, TxnBackend, TxnMeta, Txn
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_EPOCH = 0  # one coordinator (Kafka: the leader epoch of the txn state partition)
 MARKER_TIMEOUT_S = 30.0  # markers still missing then: EndTxn fails, the expiry loop goes on
 GROUP_NOTICE_TIMEOUT_S = 10.0  # telling groups' coordinators; the sweep catches up after
 SWEEP_ROUNDS = 5  # expiry rounds between sweeps of offsets pending for others' transactions
@@ -180,21 +187,30 @@ class TxnCoordinator:
             nodes = _nodes(view)
             if nodes == self._nodes:
                 return
-            rows, pending = await self.backend.load_txns()
-            view = self.storage.cluster_view()  # the newest, for what is kept
+            known = set(self.txns)
+            taken: set[str] = set()
+
+            def take(tid: str) -> bool:  # in the store's thread: this view, a copy of the ids
+                if tid in known or not is_local(tid, view, self.node_id):
+                    return False
+                taken.add(tid)
+                return True
+
+            # the ids placed here in `view` and not held yet are taken over (coordinator
+            # epoch bumped) in the metadata transaction that reads them
+            rows, pending = await self.backend.take_txns(take)
             for tid in [t for t in self.txns if not is_local(t, view, self.node_id)]:
                 del self.txns[tid]
             pids = {r.transactional_id: r.producer_id for r in rows}
             for r in rows:
-                if r.transactional_id not in self.txns and is_local(
-                        r.transactional_id, view, self.node_id):
+                if r.transactional_id in taken and r.transactional_id not in self.txns:
                     self.txns[r.transactional_id] = TxnMeta.of(r)
             for p in pending:
                 rows_of = self.pending.setdefault(p.transactional_id, {})
                 rows_of.setdefault((p.group_id, p.topic, p.partition), p)
                 if p.transactional_id in pids:
                     self.pending_pids.setdefault(p.transactional_id, pids[p.transactional_id])
-            self._nodes = _nodes(view)
+            self._nodes = nodes  # a view changed meanwhile: the next sync takes its ids
 
     # -- requests --------------------------------------------------------------------------
     async def init_producer_id(
@@ -396,8 +412,10 @@ class TxnCoordinator:
         return version
 
     async def _conflict(self, tid: str) -> KafkaError:
-        """Another coordinator changed the id's row: take its state as it now is."""
-        row = await self.backend.load_txn(tid)
+        """Another coordinator changed the id's row: take its state as it now is (and take
+        the id over, a new coordinator epoch, while it is placed here)."""
+        row = await (self.backend.take_txn(tid) if self.is_local(tid)
+                     else self.backend.load_txn(tid))
         if row is None:
             self.txns.pop(tid, None)
         else:
@@ -458,6 +476,8 @@ class TxnCoordinator:
                                               deadline - time.monotonic())
             if not todo:
                 return
+            if ErrorCode.transaction_coordinator_fenced in failed.values():
+                raise self._fenced(meta)
             fatal = {c for c in failed.values() if c not in RETRIABLE}
             if fatal:
                 raise KafkaError(min(fatal, key=int), f"markers of {meta.transactional_id!r}"
@@ -471,6 +491,19 @@ class TxnCoordinator:
                      meta.transactional_id, sorted(todo), {c.name for c in failed.values()})
             await self._next_view(view, deadline)
             await self._still_mine(meta)
+
+    def _fenced(self, meta: TxnMeta) -> KafkaError:
+        """A leader refused a marker: a coordinator of a newer epoch wrote one for the
+        producer. The id is not this broker's any more: no marker is asked again, nothing
+        written; it is dropped, and every id read again at the next sync (taken over anew if
+        this broker's view still places it here)."""
+        tid = meta.transactional_id
+        log.warning("transaction %r: markers of coordinator epoch %d fenced by a newer"
+                    " coordinator", tid, meta.coordinator_epoch)
+        self.txns.pop(tid, None)
+        self._nodes = _UNSYNCED
+        return KafkaError(ErrorCode.not_coordinator,
+                          f"{tid!r}: another coordinator took it over")
 
     async def _still_mine(self, meta: TxnMeta) -> None:
         """Before markers are asked again: this broker still coordinates the id and its row
@@ -497,7 +530,8 @@ class TxnCoordinator:
             topic, partition = tp
             try:
                 local[tp] = self.storage.append_marker(
-                    topic, partition, meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH)
+                    topic, partition, meta.producer_id, meta.epoch, commit,
+                    meta.coordinator_epoch)
             except KafkaError as e:
                 if e.code == ErrorCode.unknown_topic_or_partition:  # deleted: nothing to mark
                     todo.discard(tp)
@@ -510,7 +544,8 @@ class TxnCoordinator:
                 else:
                     failed[tp] = e.code
         answers = await asyncio.gather(*(asyncio.to_thread(remote.send, address, [
-            remote.Marker(meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH, tuple(tps))])
+            remote.Marker(meta.producer_id, meta.epoch, commit, meta.coordinator_epoch,
+                          tuple(tps))])
             for address, tps in by_leader.items()))
         for codes in answers:
             for (_, topic, partition), code in codes.items():
@@ -566,7 +601,7 @@ class TxnCoordinator:
                 else:
                     by_broker.setdefault(f"{b.host}:{b.port}", set()).add(g)
             answers = await asyncio.gather(*(asyncio.to_thread(remote.send, address, [
-                remote.Marker(meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH,
+                remote.Marker(meta.producer_id, meta.epoch, commit, meta.coordinator_epoch,
                               tuple(sorted({(remote.GROUP_MARKER_TOPIC, slot_of(g))
                                             for g in groups})))])
                 for address, groups in by_broker.items()))

@@ -8,6 +8,10 @@ appended (its offset is assigned then, so the LSO holds back from that moment), 
 closes it when the marker is durable. Nothing here is written to the metadata store: when a
 broker loads a partition that ever held transactional data, `rebuild` reads it from the log
 (the data batches and markers are the truth; a marker is durable exactly when its commit is).
+
+It also keeps, per producer, the highest coordinator epoch of the markers written here (from
+the log when rebuilt: a marker's value carries it): a marker from an older coordinator of the
+producer's transactional id is refused (TRANSACTION_COORDINATOR_FENCED), as Kafka's leaders do.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from broker.errors import ErrorCode, KafkaError
 from broker.protocol.records import BatchHeader
-from broker.txn.markers import ABORT, is_transactional, marker_type
+from broker.txn.markers import ABORT, is_transactional, marker_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,8 @@ class AbortedTxn:
 class PartitionTxns:
     open: dict[int, int] = field(default_factory=dict)  # producer id -> first offset
     aborted: list[AbortedTxn] = field(default_factory=list)  # in marker (last offset) order
+    # producer id -> the highest coordinator epoch of its markers here
+    coordinator_epochs: dict[int, int] = field(default_factory=dict)
 
     def began(self, producer_id: int, offset: int) -> None:
         self.open.setdefault(producer_id, offset)
@@ -38,6 +45,17 @@ class PartitionTxns:
         first = self.open.pop(producer_id, None)
         if first is not None and kind == ABORT:
             self.aborted.append(AbortedTxn(producer_id, first, marker_offset))
+
+    def fence(self, producer_id: int, coordinator_epoch: int) -> None:
+        """A marker of the producer from a coordinator of that epoch is about to be written:
+        TRANSACTION_COORDINATOR_FENCED if a newer coordinator wrote one here (equal or
+        higher: accepted and remembered)."""
+        known = self.coordinator_epochs.get(producer_id, -1)
+        if coordinator_epoch < known:
+            raise KafkaError(ErrorCode.transaction_coordinator_fenced,
+                             f"producer {producer_id}: coordinator epoch {coordinator_epoch},"
+                             f" a marker of epoch {known} was written")
+        self.coordinator_epochs[producer_id] = coordinator_epoch
 
     def lso(self, high_watermark: int) -> int:
         return min([high_watermark, *self.open.values()])
@@ -52,9 +70,12 @@ class PartitionTxns:
             if not is_transactional(h) or h.producer_id < 0:
                 continue
             if h.is_control:
-                kind = marker_type(data, h)
-                if kind is not None:
+                found = marker_of(data, h)
+                if found is not None:
+                    kind, coordinator_epoch = found
                     self.ended(h.producer_id, kind, h.base_offset)
+                    self.coordinator_epochs[h.producer_id] = max(
+                        coordinator_epoch, self.coordinator_epochs.get(h.producer_id, -1))
             else:
                 self.began(h.producer_id, h.base_offset)
 
@@ -85,6 +106,11 @@ class TxnIndex:
         self.partitions.setdefault(stream_id, PartitionTxns()).ended(
             producer_id, kind, marker_offset
         )
+
+    def fence(self, stream_id: int, producer_id: int, coordinator_epoch: int) -> None:
+        """PartitionTxns.fence for the partition."""
+        self.partitions.setdefault(stream_id, PartitionTxns()).fence(
+            producer_id, coordinator_epoch)
 
     def lso(self, stream_id: int, high_watermark: int) -> int:
         p = self.partitions.get(stream_id)

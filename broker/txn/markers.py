@@ -65,6 +65,14 @@ def is_transactional(h: BatchHeader) -> bool:
 def marker_type(buf: bytes | bytearray | memoryview, h: BatchHeader) -> int | None:
     """ABORT or COMMIT for a control batch holding a transaction marker, else None (control
     batches of other kinds, unknown key versions)."""
+    found = marker_of(buf, h)
+    return None if found is None else found[0]
+
+
+def marker_of(buf: bytes | bytearray | memoryview, h: BatchHeader) -> tuple[int, int] | None:
+    """(ABORT or COMMIT, the coordinator epoch its value carries) for a control batch holding
+    a transaction marker, else None. A value missing or too short reads as coordinator epoch
+    0 (the lowest a coordinator writes)."""
     if not h.is_control or h.record_count < 1:
         return None
     body = bytes(buf[h.position + HEADER_SIZE : h.position + h.size])
@@ -75,11 +83,15 @@ def marker_type(buf: bytes | bytearray | memoryview, h: BatchHeader) -> int | No
         if klen < _KEY.size:
             return None
         version, kind = _KEY.unpack_from(body, pos)
+        if version != 0 or kind not in (ABORT, COMMIT):
+            return None
+        vlen, pos = read_varint(body, pos + klen)
+        coordinator_epoch = 0
+        if vlen >= _VALUE.size:  # int16 version (0, or 1 with tagged fields after), int32
+            _, coordinator_epoch = _VALUE.unpack_from(body, pos)
     except (IndexError, struct.error):
         raise CorruptBatchError("control record runs past its batch") from None
-    if version != 0 or kind not in (ABORT, COMMIT):
-        return None
-    return int(kind)
+    return int(kind), int(coordinator_epoch)
 
 
 def _skip_varint(buf: bytes, pos: int) -> int:

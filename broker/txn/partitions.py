@@ -28,7 +28,10 @@ class TxnLog:
     ) -> asyncio.Future[AppendResult]:
         """Append a COMMIT or ABORT marker of the producer's transaction; the future resolves
         with its offset once durable, when the partition's transaction is closed (its LSO
-        may move past it; an abort's range is served to read_committed fetches from then)."""
+        may move past it; an abort's range is served to read_committed fetches from then).
+        A marker from a coordinator older than one that wrote a marker of the producer here
+        raises TRANSACTION_COORDINATOR_FENCED (nothing is written)."""
+        self.index.fence(stream_id, producer_id, coordinator_epoch)
         data = control_batch(producer_id, epoch, commit, coordinator_epoch)
         header = records.read_header(data)
 

@@ -7,7 +7,8 @@ The small blocking `broker.client.Client` runs in a thread (`send` is called thr
 asyncio.to_thread), with a deadline for each whole response; a response frame is at most
 MAX_FRAME bytes. Every failure to reach the broker or to read its answer is a
 retriable error code for each partition asked about: the coordinator asks again after the
-next cluster view.
+next cluster view. TRANSACTION_COORDINATOR_FENCED comes back as it is: the coordinator stops
+(broker.txn.coordinator).
 """
 
 from __future__ import annotations

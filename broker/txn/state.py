@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,16 +53,19 @@ class TxnMeta:
     start_ms: int = -1  # when the open transaction began
     update_ms: int = field(default_factory=now_ms)
     last_epoch: int = -1  # the epoch before a bump that aborted its expired transaction
+    coordinator_epoch: int = 0  # taken with the id (TxnBackend.take_txns); markers carry it
 
     def row(self) -> TxnRow:
         return TxnRow(self.transactional_id, self.producer_id, self.epoch, self.state.value,
                       tuple(sorted(self.partitions)), tuple(sorted(self.groups)),
-                      self.timeout_ms, self.start_ms, self.update_ms, self.last_epoch)
+                      self.timeout_ms, self.start_ms, self.update_ms, self.last_epoch,
+                      self.coordinator_epoch)
 
     @classmethod
     def of(cls, r: TxnRow) -> TxnMeta:
         return cls(r.transactional_id, r.producer_id, r.epoch, r.timeout_ms, TxnState(r.state),
-                   set(r.partitions), set(r.groups), r.start_ms, r.update_ms, r.last_epoch)
+                   set(r.partitions), set(r.groups), r.start_ms, r.update_ms, r.last_epoch,
+                   r.coordinator_epoch)
 
     def expired(self, now: int) -> bool:
         return self.state == TxnState.ONGOING and now >= self.start_ms + self.timeout_ms
@@ -74,7 +78,18 @@ class TxnBackend(Protocol):
 
     async def load_txns(self) -> tuple[list[TxnRow], list[PendingOffsetRow]]: ...
 
+    async def take_txns(
+        self, take: Callable[[str], bool]
+    ) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
+        """load_txns, bumping the coordinator epoch of the ids `take` accepts in the same
+        metadata transaction (this broker takes them over)."""
+        ...
+
     async def load_txn(self, tid: str) -> TxnRow | None: ...
+
+    async def take_txn(self, tid: str) -> TxnRow | None:
+        """load_txn, bumping the id's coordinator epoch in the same metadata transaction."""
+        ...
 
     async def save_txn(
         self, row: TxnRow, new_partitions: list[tuple[str, int]], read_version: int | None

@@ -328,6 +328,78 @@ def test_offsets_and_output_commit_together_across_coordinators(
         assert out == sorted(b"x%d" % i for i in range(30))  # every input once
 
 
+def test_a_late_marker_of_a_coordinator_that_lost_the_id_is_refused(
+    tmp_path: Path, metadata: str
+) -> None:
+    """Broker 3 coordinates the id (coordinator epoch 0: it created it) and commits c1; it is
+    SIGKILLed, the survivor takes the id over (a higher coordinator epoch) and commits c2
+    with it; the producer begins its next transaction. A marker broker 3 had on the wire
+    (coordinator epoch 0, the producer's current epoch) reaching each partition's leader now
+    is refused with TRANSACTION_COORDINATOR_FENCED (the leaders of the partitions broker 3
+    led read the epochs from the log) and ends nothing: read_committed sees c1 and c2, the
+    open transaction aborts as the producer says."""
+    with cluster(tmp_path, metadata, 3) as brokers:
+        all_boot = ",".join(b.bootstrap for b in brokers)
+        spread_topic(all_boot, "tx")
+        tid = key_on(3, [1, 2, 3], "txn")
+        survivor = slot_owner(slot_of(tid), [1, 2])
+        wait_for("every broker to name broker 3", lambda: all(
+            find_coordinator(b.bootstrap, tid) == 3 for b in brokers))
+        box = [txn_producer(brokers[0].bootstrap, tid)]
+        one_transaction(box[0], "tx", "c1", commit=True)
+        brokers[2].kill()  # SIGKILL
+        live: list[BrokerProcess] = brokers[:2]
+        boot = ",".join(b.bootstrap for b in live)
+        wait_for(f"broker {survivor} named the coordinator by both survivors", lambda: all(
+            find_coordinator(b.bootstrap, tid) == survivor for b in live))
+
+        def commit_c2(p: Producer) -> None:
+            p.begin_transaction()
+            for part in range(PARTITIONS):
+                p.produce("tx", value=f"c2-{part}".encode(), partition=part)
+            while True:
+                try:
+                    p.commit_transaction(TIMEOUT_S)
+                    return
+                except KafkaException as e:
+                    if not e.args[0].retriable():
+                        raise
+
+        _retrying(box, brokers[0].bootstrap, tid, commit_c2)
+        p = box[0]
+        p.begin_transaction()
+        for part in range(PARTITIONS):
+            p.produce("tx", value=f"open-{part}".encode(), partition=part)
+        p.flush(TIMEOUT_S)
+        with Client(live[survivor - 1].bootstrap, timeout=5) as c:
+            (state,) = c.request(65, 0, transactional_ids=(tid,)).transaction_states
+        assert state.error_code == 0 and state.transaction_state == "Ongoing", state
+        pid, epoch = int(state.producer_id), int(state.producer_epoch)
+        placed = wait_for_leaders(boot, live)
+        for part, lead in placed.items():
+            late = remote.Marker(pid, epoch, True, 0, (("tx", part),))
+            assert remote.send(live[lead - 1].bootstrap, [late]) == {
+                (pid, "tx", part): ErrorCode.transaction_coordinator_fenced}
+        assert read_all(boot, "tx", "read_committed") == expected("c1", "c2")
+        p.abort_transaction(TIMEOUT_S)
+        assert read_all(boot, "tx", "read_committed") == expected("c1", "c2")
+        assert read_all(boot, "tx", "read_uncommitted") == sorted(
+            [*expected("c1", "c2"), *(f"open-{part}".encode() for part in range(PARTITIONS))])
+
+
+def wait_for_leaders(bootstrap: str, live: list[BrokerProcess]) -> dict[int, int]:
+    """Each partition's leader, once every one is a live broker."""
+    found: dict[int, int] = {}
+
+    def led() -> bool:
+        found.clear()
+        found.update(leaders(bootstrap, "tx"))
+        return len(found) == PARTITIONS and all(1 <= n <= len(live) for n in found.values())
+
+    wait_for("every partition led by a live broker", led)
+    return found
+
+
 def _row_state(db: Path, tid: str) -> str | None:
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as c:
         row = c.execute("SELECT state FROM kafka_transactions WHERE transactional_id=?",

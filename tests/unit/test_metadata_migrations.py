@@ -156,8 +156,9 @@ async def test_a_database_from_before_versions_is_recorded_as_version_1_and_migr
     rows = await in_store(url, versions)
     assert [r[:2] for r in rows] == [("broker.metadata", 1), ("broker.metadata", 2),
                                      ("broker.metadata", 3), ("broker.metadata", 4),
-                                     ("broker.metadata", 5), *STORE_VERSIONS]
-    assert [r[2] > 0 for r in rows] == [True, True, True, True, True, False, True, True]
+                                     ("broker.metadata", 5), ("broker.metadata", 6),
+                                     *STORE_VERSIONS]
+    assert [r[2] > 0 for r in rows] == [True, True, True, True, True, True, False, True, True]
     assert await in_store(url, lambda db, d: has_index(db, d, "chunks_object"))
     # a second open changes nothing
     k = KafkaMetadata(open_metadata_store(url))

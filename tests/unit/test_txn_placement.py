@@ -8,6 +8,8 @@ coordinated elsewhere against the id's row once per transaction."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -79,15 +81,31 @@ class FakeBackend:
     async def load_txns(self) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
         return list(self.rows.values()), list(self.pending)
 
+    async def take_txns(
+        self, take: Callable[[str], bool]
+    ) -> tuple[list[TxnRow], list[PendingOffsetRow]]:
+        for tid in [t for t in self.rows if take(t)]:
+            await self.take_txn(tid)
+        return await self.load_txns()
+
     async def load_txn(self, tid: str) -> TxnRow | None:
         self.reads += 1
         return self.rows.get(tid)
+
+    async def take_txn(self, tid: str) -> TxnRow | None:
+        row = self.rows.get(tid)
+        if row is not None:
+            self.rows[tid] = dataclasses.replace(
+                row, coordinator_epoch=row.coordinator_epoch + 1)
+        return await self.load_txn(tid)
 
     async def save_txn(self, row: TxnRow, new_partitions: list[tuple[str, int]],
                        read_version: int | None) -> None:
         old = self.rows.get(row.transactional_id)
         if (None if old is None else old.update_ms) != read_version:
             raise TxnConflictError(row.transactional_id)
+        if old is not None:  # as the database: an update keeps the coordinator epoch
+            row = dataclasses.replace(row, coordinator_epoch=old.coordinator_epoch)
         self.rows[row.transactional_id] = row
 
     async def add_txn_offsets(self, rows: list[PendingOffsetRow]) -> None:
