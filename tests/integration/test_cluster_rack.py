@@ -199,3 +199,22 @@ def test_the_java_consumer_reads_from_the_broker_of_its_zone(tmp_path: Path) -> 
         size = sum(len(v) for p in elsewhere for v in want[p])
         assert replica_bytes(brokers[2]) >= size
         assert replica_bytes(brokers[0]) == 0 and replica_bytes(brokers[1]) == 0
+
+
+def test_replica_selection_off_keeps_every_consumer_on_the_leaders(tmp_path: Path) -> None:
+    """replica.selector.class '' (Kafka's default): client.rack changes nothing."""
+    metadata = f"sqlite:///{(tmp_path / 'meta.db').resolve()}"
+    with zoned_cluster(tmp_path, metadata, "--set", "replica.selector.class=") as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        create_topic(bootstrap, "z", PARTITIONS)
+        placed: dict[int, int] = {}
+        wait_for("one partition per broker", lambda: placed.update(leaders(bootstrap, "z"))
+                 or sorted(placed.values()) == [1, 2, 3])
+        want = batch("o", 100)
+        produce(bootstrap, want)
+        reader = Reader(bootstrap, "zone-c")
+        try:
+            reader.until(want)
+        finally:
+            reader.close()
+        assert [replica_bytes(b) for b in brokers] == [0, 0, 0]
