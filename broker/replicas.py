@@ -24,6 +24,12 @@ broker does not know, or that was deleted: NOT_LEADER_OR_FOLLOWER; an offset pas
 after a refresh: OFFSET_OUT_OF_RANGE with the replica's high watermark (clients take it, when
 the offset is above that mark, as "go back to the leader"); below the log start:
 OFFSET_OUT_OF_RANGE (an offset reset, as from the leader).
+
+Not done: the transaction index of a partition with transactions is not built on a replica
+(its read_committed consumers stay on the leader); a refresh reads the chunk rows from the
+lowest offset fetched since the previous one, so a consumer far behind on a partition whose
+other consumers are at its end makes each refresh of it read many rows (bounded by the
+partition's chunk count, at most one refresh per REFRESH_S).
 """
 
 from __future__ import annotations
