@@ -174,6 +174,10 @@ class TableWriter:
         while not self._stop.is_set():
             if self.paused is not None:  # resumed, it starts again from the table's offsets
                 self.converter, self._idle = None, True  # parts kept for status until then
+                if any(s.waiting for s in self.parts.values()) \
+                        and time.monotonic() >= self._next_fate_check:
+                    with contextlib.suppress(Exception):  # status only: retried next time
+                        await self._check_fate()  # sets handed in before the pause landed?
                 await self._sleep(0.05)
                 continue
             self._idle = False
