@@ -368,7 +368,7 @@ class TableWriter:
         if not parts:  # this broker leads no partition of the topic
             self.answered = max(self.answered, commit_id)
             return
-        sets: dict[int, tuple[FileSet | None, int, int]] = {}  # p -> (set, through, rows)
+        sets: dict[int, FileSet] = {}  # partition -> the file set it hands in
         table: Table | None = None
         for st in parts:
             if st.read_next <= st.flushed:
@@ -384,13 +384,12 @@ class TableWriter:
                         evolve_schema, self.catalog, cfg.identifier, data.schema)
                 files = await asyncio.to_thread(
                     write_data_files, table, data, cfg.layout.sort_by)
-            rows = st.records
-            fs = FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
-                         self.node_id, commit_id, encode(files), rows, len(st.dead), began_ms)
-            sets[st.partition] = (fs, st.read_next, rows)
+            sets[st.partition] = FileSet(
+                self.topic, st.partition, st.flushed, st.epoch, st.read_next, self.node_id,
+                commit_id, encode(files), st.records, len(st.dead), began_ms)
         answers = [
-            Answer(st.partition, st.epoch, sets[st.partition][0] if st.partition in sets
-                   else None, 0 if st.partition in sets else st.records,
+            Answer(st.partition, st.epoch, sets.get(st.partition),
+                   0 if st.partition in sets else st.records,
                    0 if st.partition in sets else st.bytes)
             for st in parts]
         taken = await self.work.answer(self.topic, self.node_id, commit_id, answers)
@@ -401,7 +400,7 @@ class TableWriter:
                 del self.parts[st.partition]
                 continue
             if st.partition in sets:
-                _fs, through, _rows = sets[st.partition]
+                through = sets[st.partition].next
                 st.waiting.append((st.flushed, through))
                 st.flushed = through
                 st.tables, st.dead, st.records, st.bytes = [], [], 0, 0
