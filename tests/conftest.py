@@ -12,9 +12,12 @@ from tests.ci_skips import (  # noqa: F401  (hooks: in CI a skip is a failure)
     pytest_make_collect_report,
     pytest_runtest_makereport,
 )
+from tests.kafkapython import close_refused_sockets
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.s3server import broker_on_s3, moto_s3
 from tests.warehouses import warehouse  # noqa: F401  (Iceberg warehouse fixture)
+
+close_refused_sockets()  # kafka-python 3.0 leaks a socket per refused connection: see there
 
 
 @pytest.fixture(scope="session")
