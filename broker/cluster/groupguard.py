@@ -104,3 +104,17 @@ class FencedGroupOffsets:
 
     async def commit_offsets(self, rows: list[OffsetRow], epoch: int | None = None) -> None:
         await self.node.store._run(self._commit, rows, epoch)
+
+    def _holds(self, group_id: str, epoch: int | None) -> bool:
+        with self.node.store._txn(read_only=True) as db:
+            row = db.execute("SELECT node_id, epoch FROM kafka_group_coordinators WHERE"
+                             " group_id=?", (group_id,)).fetchone()
+        return (epoch is not None and row is not None
+                and (int(row[0]), int(row[1])) == (self.node.node_id, epoch))
+
+    async def holds(self, group_id: str, epoch: int | None) -> bool:
+        """Whether the group's row still names this broker at `epoch` (OffsetFetch's check:
+        a read, so a commit of the new coordinator landing just after it is not seen, as
+        with any read; what it closes is answering long after a take-over from this
+        broker's stale view)."""
+        return await self.node.store._run(self._holds, group_id, epoch)

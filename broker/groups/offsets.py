@@ -39,6 +39,12 @@ class GroupOffsetBackend(Protocol):
 
     async def delete_topic_offsets(self, topic: str) -> None: ...
 
+    async def holds(self, group_id: str, epoch: int | None) -> bool:
+        """Whether this broker still coordinates the group at `epoch` (a read, no lock): what
+        an OffsetFetch checks before answering from this broker's view. Always True for a
+        backend that does not fence."""
+        ...
+
 
 class MemoryGroupOffsets:
     """Committed offsets kept in memory only (engines that keep nothing across restarts)."""
@@ -66,6 +72,9 @@ class MemoryGroupOffsets:
     async def delete_topic_offsets(self, topic: str) -> None:
         for k in [k for k in self.rows if k[1] == topic]:
             del self.rows[k]
+
+    async def holds(self, group_id: str, epoch: int | None) -> bool:
+        return True
 
 
 class OffsetStore:
@@ -115,6 +124,16 @@ class OffsetStore:
         group = self.offsets.setdefault(group_id, {})
         for r in rows:
             group[(r.topic, r.partition)] = r
+
+    async def still_held(self, group_id: str) -> bool:
+        """Whether this broker still coordinates the group (a fencing backend reads the
+        group's coordinator row): False means another broker took it over since this one
+        did; the group is then lost here, as after a refused commit, and this broker's
+        offsets of it must not be served (they may be older than the new coordinator's)."""
+        if await self.meta.holds(group_id, self.epochs.get(group_id)):
+            return True
+        self._refused(group_id, KafkaError(ErrorCode.not_coordinator, "taken over"))
+        return False
 
     def get(self, group_id: str, topic: str, partition: int) -> OffsetRow | None:
         return self.offsets.get(group_id, {}).get((topic, partition))

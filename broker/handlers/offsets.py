@@ -215,13 +215,23 @@ def _fetch_group(
     return tuple(out)
 
 
+async def _serves(ctx: BrokerContext, group_id: str) -> bool:
+    """OffsetFetch's coordinator check: this broker's view places the group here and the
+    database still names this broker as the coordinator that took it (on a cluster a broker
+    that has not yet seen a take-over must not answer from its older offsets). Table groups'
+    offsets are read from their table's progress, whoever answers."""
+    if not await here(ctx, group_id):
+        return False
+    return tablegroups.is_table_group(group_id) or await ctx.offsets.still_held(group_id)
+
+
 @api(OFFSET_FETCH, 1, 8)
 async def offset_fetch(
     ctx: BrokerContext, head: RequestHead, req: OffsetFetchRequest
 ) -> OffsetFetchResponse:
     if isinstance(req, fetch_v8.OffsetFetchRequest):
         group_cls = nested(head, "OffsetFetchResponseGroup")
-        codes = {g.group_id: ErrorCode.none if await here(ctx, g.group_id)
+        codes = {g.group_id: ErrorCode.none if await _serves(ctx, g.group_id)
                  else ErrorCode.not_coordinator for g in req.groups}
         try:
             sources = await _sources(ctx, (g for g, c in codes.items() if c == ErrorCode.none))
@@ -248,7 +258,7 @@ async def offset_fetch(
             for g in req.groups
         )
         return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, groups=groups)
-    if not await here(ctx, req.group_id):
+    if not await _serves(ctx, req.group_id):
         return build(resp(head, OFFSET_FETCH), throttle_time=ZERO_MS, topics=(),
                      error_code=ErrorCode.not_coordinator)
     try:

@@ -78,3 +78,7 @@ class GroupOffsetsMixin:
 
     async def delete_topic_offsets(self, topic: str) -> None:
         await self.store._run(self._delete_topic_offsets, topic)
+
+    async def holds(self, group_id: str, epoch: int | None) -> bool:
+        """Unfenced: this broker alone serves its groups."""
+        return True

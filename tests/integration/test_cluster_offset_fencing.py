@@ -2,9 +2,10 @@
 (issue 12; broker/cluster/groupguard.py). Broker 1 heartbeats only once a minute, so after
 broker 2 joins, broker 1's view still says it coordinates the group (the window the fence
 closes: before it, such a commit landed where the new coordinator did not look). Broker 2
-takes the group over (an OffsetFetch); a commit then sent to broker 1 is refused with
-NOT_COORDINATOR and writes nothing, although broker 1 still names itself in FindCoordinator;
-its later requests for the group are refused too; the committed offsets never go back."""
+takes the group over (an OffsetFetch) and commits; an OffsetFetch then sent to broker 1 is
+refused with NOT_COORDINATOR rather than answered with broker 1's older offsets, and a commit
+is refused and writes nothing, although broker 1 still names itself in FindCoordinator; its
+later requests for the group are refused too; the committed offsets never go back."""
 
 from __future__ import annotations
 
@@ -90,10 +91,14 @@ def test_a_commit_to_the_old_coordinator_after_a_take_over_is_refused(
                  lambda: coordinator(two.bootstrap) == 2 and fetch(two.bootstrap) == (0, 10),
                  timeout=15)  # broker 2 took the group over: it read 10
         assert coordinator(one.bootstrap) == 1  # broker 1 has not seen broker 2 yet
+        assert commit(two.bootstrap, 15) == 0
+        # an OffsetFetch on broker 1 is refused, not answered from its view (10, stale)
+        assert fetch(one.bootstrap) == (NOT_COORDINATOR, -1)
+        assert coordinator(one.bootstrap) == 1  # (still stale)
 
         assert commit(one.bootstrap, 20) == NOT_COORDINATOR  # the fence, not broker 1's view
         assert coordinator(one.bootstrap) == 1  # (still stale)
-        assert fetch(two.bootstrap) == (0, 10)  # nothing written
+        assert fetch(two.bootstrap) == (0, 15)  # nothing written
         # broker 1 tries to take the group back at its next request: the database says no
         assert commit(one.bootstrap, 21) == NOT_COORDINATOR
         assert fetch(one.bootstrap) == (NOT_COORDINATOR, -1)

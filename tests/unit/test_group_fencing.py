@@ -86,6 +86,11 @@ async def test_a_joining_broker_takes_the_group_and_the_old_coordinators_commits
     row = b.offsets.get(GROUP, "t", 0)
     assert row is not None and row.committed_offset == 20
 
+    # OffsetFetch: b answers; a, whose view still places the group on itself, must not
+    # answer from its offsets (they stop at a's last commit): the database says b took it
+    assert await b.offsets.still_held(GROUP)
+    assert not await a.offsets.still_held(GROUP) and GROUP in a.offsets.lost
+
     with pytest.raises(KafkaError) as e:  # a, still alive, sent a commit after the move
         await a.commit(30)
     assert refused(e) and await stored(a) == 20  # refused, nothing written
@@ -104,6 +109,7 @@ async def test_a_joining_broker_takes_the_group_and_the_old_coordinators_commits
     await a.offsets.reload(GROUP)
     row = a.offsets.get(GROUP, "t", 0)
     assert row is not None and row.committed_offset == 40 and GROUP not in a.offsets.lost
+    assert await a.offsets.still_held(GROUP) and not await b.offsets.still_held(GROUP)
     await a.commit(50)
     with pytest.raises(KafkaError) as e:
         await b.commit(60)
