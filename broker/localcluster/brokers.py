@@ -24,6 +24,7 @@ from broker.client import Client, KafkaClientError
 from broker.localcluster.plan import BrokerSpec
 
 API_VERSIONS = 18
+METADATA = 3
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -60,12 +61,20 @@ class BrokerProcess:
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def answers(self) -> bool:
-        """True when both the Kafka port (ApiVersions) and the admin port (/status) answer."""
+    def answers(self, cluster: frozenset[int] = frozenset()) -> bool:
+        """True when both the Kafka port (ApiVersions) and the admin port (/status) answer, and
+        the broker's Metadata lists every broker of `cluster` (node ids): a client may then
+        bootstrap from any of them and learn the whole cluster."""
         try:
             with Client(self.spec.listen, timeout=PROBE_TIMEOUT_S, client_id="local-cluster") as c:
                 if c.request(API_VERSIONS, 0).error_code != 0:
                     return False
+                if cluster:
+                    md = c.request(METADATA, 9, topics=(), allow_auto_topic_creation=False,
+                                   include_cluster_authorized_operations=False,
+                                   include_topic_authorized_operations=False)
+                    if not cluster <= {int(b.node_id) for b in md.brokers}:
+                        return False
             url = f"http://{self.spec.metrics}/status"
             with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as resp:
                 return int(resp.status) == 200
@@ -89,9 +98,11 @@ class BrokerProcess:
 def wait_ready(
     brokers: Sequence[BrokerProcess], timeout_s: float, stop: threading.Event
 ) -> None:
-    """Until every broker answers; StartError if one exits or the time is up. Returns early,
-    without error, when `stop` is set (a signal arrived while starting)."""
+    """Until every broker answers and lists every other in its Metadata (each has seen the
+    others join); StartError if one exits or the time is up. Returns early, without error, when
+    `stop` is set (a signal arrived while starting)."""
     deadline = time.monotonic() + timeout_s
+    cluster = frozenset(b.spec.node_id for b in brokers)
     waiting = list(brokers)
     while waiting:
         for b in list(waiting):
@@ -99,13 +110,14 @@ def wait_ready(
             if code is not None:
                 raise StartError(f"broker {b.spec.node_id} exited with code {code} while "
                                  f"starting; its log ({b.log_path}) ends:\n{b.log_tail()}")
-            if b.answers():
+            if b.answers(cluster):
                 waiting.remove(b)
         if not waiting or stop.is_set():
             return
         if time.monotonic() > deadline:
             names = ", ".join(str(b.spec.node_id) for b in waiting)
-            raise StartError(f"broker(s) {names} did not answer within {timeout_s:g} s; "
+            raise StartError(f"broker(s) {names} did not answer (or did not list every"
+                             f" broker) within {timeout_s:g} s; "
                              f"broker {waiting[0].spec.node_id}'s log ends:\n"
                              f"{waiting[0].log_tail()}")
         stop.wait(0.2)

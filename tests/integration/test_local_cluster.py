@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from broker.client import Client
 from broker.localcluster.launcher import UNSAFE_WARNING
 from broker.localcluster.postgres import PostgresUnavailable, find_bindir, server_user
 from tests.pg import in_ci
@@ -140,7 +141,7 @@ def local_cluster(tmp_path: Path, metadata: str) -> Iterator[Launcher]:
 
 def kafka_node_id(address: str) -> int:
     """The node id a real client learns, from the broker at `address`'s Metadata answer, for
-    the broker at `address` (today each broker lists only itself)."""
+    the broker at `address` (the launcher says ready once every broker lists all three)."""
     admin = AdminClient({"bootstrap.servers": address, "socket.timeout.ms": 10000})
     md = admin.list_topics(timeout=20)
     ids = [b.id for b in md.brokers.values() if f"{b.host}:{b.port}" == address]
@@ -196,6 +197,12 @@ def test_local_cluster_runs_reports_and_stops_cleanly(tmp_path: Path, metadata: 
         assert UNSAFE_WARNING in launcher.stderr_path.read_text()  # what is not safe yet
         bootstrap = launcher.value("bootstrap").split(",")
         assert len(bootstrap) == 3 and len(set(bootstrap)) == 3
+        for address in bootstrap:  # ready: each broker's own Metadata lists all three
+            with Client(address) as c:
+                md = c.request(3, 9, topics=(), allow_auto_topic_creation=False,
+                               include_cluster_authorized_operations=False,
+                               include_topic_authorized_operations=False)
+            assert sorted(int(b.node_id) for b in md.brokers) == [1, 2, 3], address
         assert [kafka_node_id(a) for a in bootstrap] == [1, 2, 3]
         check_store_and_database(launcher)
 
