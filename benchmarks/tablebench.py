@@ -19,6 +19,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,8 @@ class TableRun:
     missing: int = 0
     backlog_rows_s: float = 0.0
     backlog_rows: int = 0
+    # (seconds after the switch, rows in the table), every status poll
+    backlog_samples: list[tuple[float, int]] = field(default_factory=list)
     freshness_samples: list[float] = field(default_factory=list)
     error: str = ""
 
@@ -174,8 +177,17 @@ def _steady(
 
 
 def _backlog(
-    procs: Processes, system: System, plan: TablePlan, out_dir: Path, address: str, res: TableRun
+    procs: Processes,
+    system: System,
+    plan: TablePlan,
+    out_dir: Path,
+    address: str,
+    res: TableRun,
+    on_switch: Callable[[], None] | None = None,
+    extra_configs: dict[str, str] | None = None,
 ) -> None:
+    """`on_switch` runs right before the table is switched on (benchmarks.tablebacklog starts
+    its profiler there); `extra_configs`: more topic configs (e.g. the commit interval)."""
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         AdminClient,
         AlterConfigOpType,
@@ -184,7 +196,7 @@ def _backlog(
     )
 
     topic = "table-backlog"
-    configs = {**TABLE_CONFIGS, "table.topic.enable": "false"}
+    configs = {**TABLE_CONFIGS, **(extra_configs or {}), "table.topic.enable": "false"}
     create_topic(system.bootstrap, topic, plan.partitions, configs)
     w = Workload("table-backlog", plan.size, plan.partitions, 0, plan.backlog_s)
     run = produce(procs, system, w, topic, out_dir, False, json_values=True)
@@ -200,6 +212,8 @@ def _backlog(
             ConfigEntry("table.topic.enable", "true", incremental_operation=AlterConfigOpType.SET)
         ],
     )
+    if on_switch is not None:
+        on_switch()
     t0 = time.time()
     admin.incremental_alter_configs([resource])[resource].result(30)
     poller = StatusPoller(address, topic)
@@ -215,6 +229,7 @@ def _backlog(
     rows = poller.samples[-1][2] if poller.samples else 0
     done = next((s[0] for s in poller.samples if s[2] >= acked), None)
     res.backlog_rows = rows
+    res.backlog_samples = [(round(s[0] - t0, 3), s[2]) for s in poller.samples]
     if done is None:
         res.error = res.error or f"backlog: table holds {rows} of {acked} rows after 240 s"
         return

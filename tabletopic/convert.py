@@ -10,13 +10,16 @@ others go on. Null, [] and {} carry no type: they never create a column on their
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
 from broker.protocol.recordcodec import Record
+from tabletopic.columnar import Columns
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 KAFKA_TYPE = pa.struct(
@@ -89,17 +92,21 @@ def unify(known: pa.DataType | None, new: pa.DataType | None) -> pa.DataType | N
     raise Conflict(f"{new} where the column is {known}")
 
 
-def kafka_column(partition: int, records: list[Record]) -> pa.StructArray:
+def kafka_column(partition: int, records: list[Record] | Columns) -> pa.StructArray:
     """The `_kafka` struct column, built from flat child arrays (no per-record dicts)."""
-    n = len(records)
-    header_offsets = [0]
-    header_keys: list[str] = []
-    header_values: list[bytes | None] = []
-    for r in records:
-        for k, v in r.headers:
-            header_keys.append(k)
-            header_values.append(v)
-        header_offsets.append(len(header_keys))
+    cols = records if isinstance(records, Columns) else Columns.of(records)
+    n = len(cols)
+    if any(cols.headers):
+        header_offsets = [0]
+        header_keys: list[str] = []
+        header_values: list[bytes | None] = []
+        for hs in cols.headers:
+            for k, v in hs:
+                header_keys.append(k)
+                header_values.append(v)
+            header_offsets.append(len(header_keys))
+    else:
+        header_offsets, header_keys, header_values = [0] * (n + 1), [], []
     headers = pa.ListArray.from_arrays(
         pa.array(header_offsets, pa.int32()),
         pa.StructArray.from_arrays(
@@ -110,13 +117,34 @@ def kafka_column(partition: int, records: list[Record]) -> pa.StructArray:
     return pa.StructArray.from_arrays(
         [
             pa.array([partition] * n, pa.int32()),
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.timestamp * 1000 for r in records], pa.timestamp("us", tz="UTC")),
-            pa.array([r.key for r in records], pa.binary()),
+            pa.array(cols.offsets, pa.int64()),
+            pa.array([t * 1000 for t in cols.timestamps], pa.timestamp("us", tz="UTC")),
+            pa.array(cols.keys, pa.binary()),
             headers,
         ],
         fields=list(KAFKA_TYPE),
     )
+
+
+def align(array: pa.Array, t: pa.DataType) -> pa.Array:
+    """`array` (as pa.array inferred it from decoded JSON) as type `t`, a type `unify` made of
+    its normalized type and the known one: what pa.array(values, type=t) gives for the same
+    values. Struct fields are taken by name (missing ones: nulls, others dropped), lists
+    element-wise, a long cast to a double, a null array is all nulls."""
+    if array.type == t:
+        return array
+    if pa.types.is_null(array.type):
+        return pa.nulls(len(array), t)
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(t) and pa.types.is_struct(array.type):
+        names = {f.name for f in array.type}
+        children = [align(array.field(f.name), f.type) if f.name in names
+                    else pa.nulls(len(array), f.type) for f in t]
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    if pa.types.is_list(t) and pa.types.is_list(array.type):
+        values = align(array.values, t.value_type)
+        return pa.ListArray.from_arrays(array.offsets, values, type=t, mask=mask)
+    return array.cast(t)
 
 
 def plain(t: pa.DataType) -> pa.DataType:
@@ -151,10 +179,32 @@ def normalize(t: pa.DataType) -> pa.DataType | None:
     return t
 
 
+RowDecoder = tuple[Callable[[bytes], Any], Any]
+_FLAT: dict[pa.DataType, Any] = {
+    pa.int64(): int | None,
+    pa.float64(): int | float | None,
+    pa.string(): str | None,
+    pa.bool_(): bool | None,
+}
+
+
+def _row_decoder(fields: dict[str, pa.DataType]) -> RowDecoder | None:
+    """A msgspec decoder of JSON objects holding only these (flat) columns, each field of its
+    column's type or null, and the row of a tombstone (all null); None if a column is of
+    another type."""
+    if not all(t in _FLAT for t in fields.values()):
+        return None
+    row = msgspec.defstruct(
+        "Row", [(f"f{i}", _FLAT[t], None) for i, t in enumerate(fields.values())],
+        rename={f"f{i}": k for i, k in enumerate(fields)}, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(row).decode, row()
+
+
 class Converter:
     def __init__(self, value_type: str, known: pa.Schema | None = None) -> None:
         self.value_type = value_type
         self.fields: dict[str, pa.DataType] = {}
+        self._typed: tuple[tuple[tuple[str, pa.DataType], ...], RowDecoder | None] | None = None
         if value_type == "json" and known is not None:
             self.fields = {f.name: plain(f.type) for f in known if f.name != "_kafka"}
 
@@ -169,77 +219,135 @@ class Converter:
         self, partition: int, records: list[Record]
     ) -> tuple[pa.Table | None, list[Invalid]]:
         """The valid records as one Arrow table (None if there are none) and the invalid ones."""
+        return self.convert_columns(partition, Columns.of(records))
+
+    def convert_columns(
+        self, partition: int, cols: Columns
+    ) -> tuple[pa.Table | None, list[Invalid]]:
+        """`convert` of records given as columns (tabletopic.columnar)."""
         invalid: list[Invalid] = []
+        good: list[int] | None = None  # the rows of the valid records (None: every row)
+        arrays: dict[str, pa.Array] | None = None
         if self.value_type == "raw":
-            good = records
-            columns: dict[str, list[Any]] = {"value": [r.value for r in records]}
+            columns: dict[str, list[Any]] = {"value": cols.values}
         elif self.value_type == "string":
             good, values = [], []
-            for r in records:
+            for i, v in enumerate(cols.values):
                 try:
-                    values.append(None if r.value is None else r.value.decode("utf-8"))
-                    good.append(r)
+                    values.append(None if v is None else v.decode("utf-8"))
+                    good.append(i)
                 except UnicodeDecodeError as e:
-                    invalid.append(Invalid(r, f"value is not UTF-8: {e}"))
+                    invalid.append(Invalid(cols.record(i), f"value is not UTF-8: {e}"))
             columns = {"value": values}
+        elif (typed := self._json_typed(cols)) is not None:
+            arrays = typed
+            columns = {}
         else:
-            good, rows = self._json_rows(records, invalid)
-            columns = {k: [row.get(k) for row in rows] for k in self.fields}
-        if not good:
-            return None, invalid
-        kafka = kafka_column(partition, good)
-        schema = self.schema()
-        arrays = [kafka] + [pa.array(columns[f.name], type=f.type) for f in list(schema)[1:]]
-        return pa.Table.from_arrays(arrays, schema=schema), invalid
-
-    def _json_rows(
-        self, records: list[Record], invalid: list[Invalid]
-    ) -> tuple[list[Record], list[dict[str, Any]]]:
-        """Fast path: decode every value, let Arrow infer the whole batch's types in C++ and
-        unify them with the known columns once. If that fails (types clash inside the batch
-        or with the table), fall back to checking record by record."""
-        decoder = msgspec.json.Decoder()
-        good: list[Record] = []
-        rows: list[dict[str, Any]] = []
-        for r in records:
-            if r.value is None:
-                good.append(r)
-                rows.append({})
-                continue
-            try:
-                doc = decoder.decode(r.value)
-            except msgspec.DecodeError as e:
-                invalid.append(Invalid(r, f"invalid JSON record: {e}"))
-                continue
-            if not isinstance(doc, dict) or "_kafka" in doc:
+            fast = self._json_fast(cols, invalid)
+            if fast is not None:
+                good, arrays = fast
+                columns = {}
+            else:
                 invalid.clear()
-                return self._json_rows_slow(records, invalid)  # it says why, record by record
-            good.append(r)
-            rows.append(doc)
+                good, rows = self._json_rows_slow(cols, invalid)
+                columns = {k: [row.get(k) for row in rows] for k in self.fields}
+        kept = cols if good is None else cols.take(good)
+        if not len(kept):
+            return None, invalid
+        kafka = kafka_column(partition, kept)
+        schema = self.schema()
+        if arrays is not None:
+            out = [kafka, *(arrays[f.name] for f in list(schema)[1:])]
+        else:
+            out = [kafka] + [pa.array(columns[f.name], type=f.type) for f in list(schema)[1:]]
+        return pa.Table.from_arrays(out, schema=schema), invalid
+
+    def _json_typed(self, cols: Columns) -> dict[str, pa.Array] | None:
+        """Fastest path, when the table's columns are all longs, doubles, strings and booleans
+        (no struct or list): decode every value with msgspec into a Struct of exactly those
+        columns (a JSON long is a long, a double an int or a float, ...; no other field)
+        and build each column from a list. Whatever it cannot take (a new field, a value of
+        another type, a record not JSON, ...) makes it give up (None): `_json_fast` and
+        `_json_rows_slow` then do what they always did. When it succeeds, the values fit the
+        columns as they are, so those paths would have given the same table and no change
+        of type (tests/unit/test_columnar.py compares them)."""
+        if not self.fields:
+            return None
+        key = tuple(self.fields.items())
+        if self._typed is None or self._typed[0] != key:
+            self._typed = (key, _row_decoder(self.fields))
+        decoder = self._typed[1]
+        if decoder is None:
+            return None
+        decode, empty = decoder
         try:
-            batch_type = normalize(pa.array(rows).type) if rows else None
+            rows = [empty if v is None else decode(v) for v in cols.values]
+        except msgspec.DecodeError:  # ValidationError too
+            return None
+        try:
+            return {k: pa.array(list(map(attrgetter(f"f{i}"), rows)), type=t)
+                    for i, (k, t) in enumerate(self.fields.items())}
+        except (pa.ArrowException, OverflowError):  # e.g. a long beyond 64 bits
+            return None
+
+    def _json_fast(
+        self, cols: Columns, invalid: list[Invalid]
+    ) -> tuple[list[int] | None, dict[str, pa.Array]] | None:
+        """Fast path: decode every value, let Arrow infer the whole batch's types in C++ and
+        unify them with the known columns once; the columns are the inferred arrays, aligned
+        to the unified types (`align`). None if that fails (a value not an object, types clash
+        inside the batch or with the table): then check record by record (the slow path)."""
+        decode = msgspec.json.Decoder().decode
+        values = cols.values
+        good: list[int] | None = None
+        try:
+            rows = [{} if v is None else decode(v) for v in values]
+        except msgspec.DecodeError:  # some are not JSON: each one says why
+            good, rows = [], []
+            for i, v in enumerate(values):
+                if v is None:
+                    good.append(i)
+                    rows.append({})
+                    continue
+                try:
+                    doc = decode(v)
+                except msgspec.DecodeError as e:
+                    invalid.append(Invalid(cols.record(i), f"invalid JSON record: {e}"))
+                    continue
+                good.append(i)
+                rows.append(doc)
+        if not all(type(doc) is dict for doc in rows) or any("_kafka" in doc for doc in rows):
+            return None  # the slow path says why, record by record
+        try:
+            batch = pa.array(rows) if rows else None
+            batch_type = normalize(batch.type) if batch is not None else None
             fields = dict(self.fields)
             for f in batch_type or ():
                 fields[f.name] = unify(fields.get(f.name), f.type)
         except (pa.ArrowException, Conflict, OverflowError):
-            invalid.clear()
-            return self._json_rows_slow(records, invalid)
+            return None
         self.fields = {k: t for k, t in fields.items() if t is not None}
-        return good, rows
+        n = len(rows)
+        if isinstance(batch, pa.ChunkedArray):
+            batch = batch.combine_chunks()
+        names = {f.name for f in batch.type} if batch is not None else set()
+        arrays = {k: align(batch.field(k), t) if batch is not None and k in names
+                  else pa.nulls(n, t) for k, t in self.fields.items()}
+        return good, arrays
 
     def _json_rows_slow(
-        self, records: list[Record], invalid: list[Invalid]
-    ) -> tuple[list[Record], list[dict[str, Any]]]:
+        self, cols: Columns, invalid: list[Invalid]
+    ) -> tuple[list[int], list[dict[str, Any]]]:
         decoder = msgspec.json.Decoder()
-        good: list[Record] = []
+        good: list[int] = []
         rows: list[dict[str, Any]] = []
-        for r in records:
-            if r.value is None:  # a tombstone: a row with no value columns
-                good.append(r)
+        for i, value in enumerate(cols.values):
+            if value is None:  # a tombstone: a row with no value columns
+                good.append(i)
                 rows.append({})
                 continue
             try:
-                doc = decoder.decode(r.value)
+                doc = decoder.decode(value)
                 if not isinstance(doc, dict):
                     raise Conflict(f"a JSON {type(doc).__name__}, not an object")
                 if "_kafka" in doc:
@@ -250,9 +358,9 @@ class Converter:
                     if t is not None and t != self.fields.get(k):
                         changes[k] = t
             except (msgspec.DecodeError, Conflict) as e:
-                invalid.append(Invalid(r, f"invalid JSON record: {e}"))
+                invalid.append(Invalid(cols.record(i), f"invalid JSON record: {e}"))
                 continue
             self.fields.update(changes)
-            good.append(r)
+            good.append(i)
             rows.append(doc)
         return good, rows

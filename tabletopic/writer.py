@@ -37,11 +37,14 @@ from pyiceberg.table import Table
 from broker.engine import StorageEngine
 from broker.errors import KafkaError
 from broker.metadata.tablework import Answer, FileSet, TableWork
+from broker.protocol.recordcodec import Record
+from broker.protocol.records import BatchHeader
+from tabletopic.columnar import decode_columns
 from tabletopic.commit import StaleOffsets, covers, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS
 from tabletopic.contract import table_properties as floe_table_properties
-from tabletopic.convert import Invalid
+from tabletopic.convert import Converter, Invalid
 from tabletopic.coordinator import WRITER_RETRY, Coordinator
 from tabletopic.datafiles import encode, evolve_schema, write_data_files
 from tabletopic.dlq import DeadLetters
@@ -49,7 +52,7 @@ from tabletopic.keyconvert import KeyedConverter, ValueConverter, converter, sch
 from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.schemaconvert import SchemaById
 from tabletopic.schemafetch import fetch_schemas
-from tabletopic.txnfilter import committed_records
+from tabletopic.txnfilter import committed_batches
 
 __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
@@ -307,22 +310,32 @@ class TableWriter:
             data = await self.storage.read(
                 self.topic, st.partition, st.read_next, READ_BYTES, must_return_one=True
             )
-            got = committed_records(
+            got = committed_batches(
                 self.storage, self.topic, st.partition, data, st.read_next, lso
             )
             if got is None:
                 continue
-            recs, last = got.records, got.next_offset
-            for conv, conv_recs, subject in schema_parts(self.converter, recs, cfg):
-                await fetch_schemas(self.schemas, conv, conv_recs, subject)
-            table, dead = await asyncio.to_thread(self.converter.convert, st.partition, recs)
-            if dead and cfg.tolerance == "none":
-                first = dead[0].record.offset
-                keep = [r for r in recs if r.offset < first]
-                table, _ = await asyncio.to_thread(self.converter.convert, st.partition, keep)
-                st.stopped = f"offset {first}: {dead[0].reason} (errors.tolerance=none)"
-                last = first
-                dead = []
+            last = got.next_offset
+            conv = self.converter
+            if isinstance(conv, Converter):  # columns all the way (tabletopic.columnar)
+                table, dead, first = await asyncio.to_thread(
+                    _convert_columns, conv, st.partition, data, got.batches, st.read_next,
+                    cfg.tolerance == "none")
+            else:
+                recs = await asyncio.to_thread(_decode_records, data, got.batches, st.read_next)
+                for sconv, conv_recs, subject in schema_parts(conv, recs, cfg):
+                    await fetch_schemas(self.schemas, sconv, conv_recs, subject)
+                table, dead = await asyncio.to_thread(conv.convert, st.partition, recs)
+                first = None
+                if dead and cfg.tolerance == "none":
+                    first = dead[0]
+                    keep = [r for r in recs if r.offset < first.record.offset]
+                    table, _ = await asyncio.to_thread(conv.convert, st.partition, keep)
+                    dead = []
+            if first is not None:
+                st.stopped = (f"offset {first.record.offset}: {first.reason}"
+                              " (errors.tolerance=none)")
+                last = first.record.offset
             if self.parts.get(st.partition) is not st:
                 continue  # dropped meanwhile
             if table is not None:
@@ -453,3 +466,23 @@ class TableWriter:
             "coordinator": self.coordinator.status(),
             "partitions": parts,
         }
+
+
+def _decode_records(data: bytes, batches: list[BatchHeader], offset: int) -> list[Record]:
+    return decode_columns(data, batches, offset).records()
+
+
+def _convert_columns(
+    conv: Converter, partition: int, data: bytes, batches: list[BatchHeader], offset: int,
+    stop_at_invalid: bool,
+) -> tuple[pa.Table | None, list[Invalid], Invalid | None]:
+    """Decode and convert one read (in a worker thread): the table, the dead letters and, with
+    errors.tolerance=none, the first invalid record (the table then holds the rows before it,
+    and there are no dead letters)."""
+    cols = decode_columns(data, batches, offset)
+    table, dead = conv.convert_columns(partition, cols)
+    if dead and stop_at_invalid:
+        first = dead[0]
+        table, _ = conv.convert_columns(partition, cols.before(first.record.offset))
+        return table, [], first
+    return table, dead, None
