@@ -7,9 +7,11 @@ One round:
      the leader of partition 0 at its epoch may make one); workers answer with their file sets
      (broker.metadata.tablework), the ones on this broker at once. It waits for every
      partition with a leader, at most `answer_wait_s`: a partition that does not answer in
-     time (its broker died, it is slow) goes in the next commit and blocks no other;
-     a round also starts before the interval when the waiting files hold more than the
-     topic's `commit.max.records` / `commit.max.bytes`;
+     time (its broker died, it is slow) blocks no other. File sets handed in between rounds
+     are committed at once (steps 2-4 without a request): a late answer, a worker holding more
+     than the topic's `commit.max.records` / `commit.max.bytes`, or one that has caught up
+     with the log after taking a partition up behind its end (a table switched on over a
+     backlog, a new leader; tabletopic.writer), whose rows are old already;
   2. it reads the waiting file sets and the partitions' leaders and epochs (one snapshot),
      then loads the table; for each partition it takes the chain of file sets of the
      partition's current leader epoch that starts at the table's offset
@@ -211,8 +213,7 @@ class Coordinator:
             await self._commit(cfg)
         else:
             out = await self.work.outstanding(self.topic)
-            if (sum(f.records for f in out.files) >= cfg.commit_max_records
-                    or sum(_bytes(f) for f in out.files) >= cfg.commit_max_bytes):
+            if out.files:  # handed in between rounds: committed at once (step 1)
                 await self._commit(cfg, out)
             else:
                 await _sleep(stopped, min(POLL_S * 2, max(0.0, self._next_request - now)))
@@ -363,10 +364,6 @@ def read_rows(table: Table, files: list[DataFile]) -> pa.Table | None:
     if not parts:
         return None
     return pa.concat_tables(parts, promote_options="permissive")
-
-
-def _bytes(f: FileSet) -> int:
-    return sum(d.file_size_in_bytes for d in decode(f.files)) if f.files else 0
 
 
 def _lost_race(e: BaseException) -> bool:

@@ -14,10 +14,11 @@ least once.
 
 The worker's steps, per partition: read up to the last stable offset (read_committed:
 aborted records and markers skipped), convert (schemas fetched from the registry), keep the
-rows; on a commit request (or when it holds more than `commit.max.records` / `.bytes`) write
-them as data files of the table (the table's schema first evolved to hold their columns,
-tabletopic.datafiles) and hand the file set in (broker.metadata.tablework), only while it
-still leads the partition at its epoch.
+rows; on a commit request (or when it holds more than `commit.max.records` / `.bytes`, or has
+caught up with the log after taking the partition up behind its end: a table switched on over
+a backlog, a new leader, a restart) write them as data files of the table (the table's schema
+first evolved to hold their columns, tabletopic.datafiles) and hand the file set in
+(broker.metadata.tablework), only while it still leads the partition at its epoch.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class PartitionState:
     records: int = 0
     bytes: int = 0
     stopped: str | None = None  # errors.tolerance=none: why this partition stopped
+    # taken up behind the log's end (a table switched on over a backlog, a new leader, a
+    # restart): its rows are handed in as soon as it has read up to the end (`_caught_up`)
+    catching_up: bool = False
 
     def __post_init__(self) -> None:
         if self.flushed < 0:
@@ -264,9 +268,11 @@ class TableWriter:
         table = await asyncio.to_thread(self.catalog.load_table, self.config.identifier)
         offsets = table_offsets(table)
         for p, epoch in fresh.items():
-            start, _end = self.storage.offsets(self.topic, p)
+            start, end = self.storage.offsets(self.topic, p)
             committed = offsets.get(p, start)
-            self.parts[p] = PartitionState(p, committed, max(committed, start), epoch)
+            read_next = max(committed, start)
+            self.parts[p] = PartitionState(p, committed, read_next, epoch,
+                                           catching_up=read_next < end)
         log.info("table topic %s: broker %d writes partitions %s from offsets %s", self.topic,
                  self.node_id, sorted(fresh), {p: self.parts[p].committed for p in fresh})
 
@@ -355,7 +361,17 @@ class TableWriter:
         pending = [s for s in self.parts.values() if s.read_next > s.flushed]
         return bool(pending) and (
             sum(s.records for s in pending) >= cfg.commit_max_records
-            or sum(s.bytes for s in pending) >= cfg.commit_max_bytes)
+            or sum(s.bytes for s in pending) >= cfg.commit_max_bytes
+            or self._caught_up())
+
+    def _caught_up(self) -> bool:
+        """Every partition taken up behind the log's end has read up to its last stable
+        offset (or stopped): what it read is handed in now, not at the next request (the
+        coordinator commits file sets handed in between rounds at once). Once per take-up:
+        after that, rows wait for the requests as usual."""
+        ups = [s for s in self.parts.values() if s.catching_up]
+        return bool(ups) and all(s.stopped or s.read_next >= self.storage.last_stable_offset(
+            self.topic, s.partition) for s in ups)
 
     async def _wait(self) -> None:
         keys = [(self.topic, p) for p, s in self.parts.items() if not s.stopped]
@@ -417,6 +433,9 @@ class TableWriter:
                 st.waiting.append((st.flushed, through))
                 st.flushed = through
                 st.tables, st.dead, st.records, st.bytes = [], [], 0, 0
+            if st.catching_up and (st.stopped or st.read_next >= self.storage.last_stable_offset(
+                    self.topic, st.partition)):
+                st.catching_up = False  # handed in (or nothing more to read): caught up
         self.answered = max(self.answered, commit_id)
         self._next_fate_check = 0.0
 
