@@ -116,6 +116,11 @@ class PgServer:
             "fsync": "off",  # a throwaway cluster: the server process is never crashed
             "full_page_writes": "off",
             "max_connections": "100",
+            # dynamic shared memory as files in the data directory, not /dev/shm entries that
+            # outlive or escape the server (a clean-clone CI run lost the test cluster's
+            # segment to something: "could not open shared memory segment
+            # /PostgreSQL.<n>: No such file or directory" on every new connection)
+            "dynamic_shared_memory_type": "mmap",
         }
         with (self.datadir / "postgresql.conf").open("a") as f:
             f.writelines(f"{k} = {v}\n" for k, v in settings.items())

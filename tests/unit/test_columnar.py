@@ -351,3 +351,15 @@ def test_flat_json_columns_give_what_the_record_converter_gave(
             assert got.to_pylist() == want.to_pylist(), batch
         assert new.fields == old.fields
     assert any(taken) and not all(taken)  # both paths were taken
+
+
+def test_the_compiled_parser_is_there() -> None:
+    """The tested aiokafka range (pyproject) still has its compiled DefaultRecordBatch where
+    tabletopic.columnar imports it: otherwise every batch silently takes the Python parser."""
+    import sys
+
+    from tabletopic import columnar
+
+    assert columnar._CBatch is not None
+    module = sys.modules[columnar._CBatch.__module__]
+    assert str(module.__file__).endswith(".so"), module.__file__  # aiokafka's pure-Python twin
