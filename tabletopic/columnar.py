@@ -9,8 +9,7 @@ records of a batch are parsed by aiokafka's compiled parser (`aiokafka.record.de
 DefaultRecordBatch`, Cython: ~6x faster than Python here), on the body as floe's bounded
 `decompress` gives it, with the batch header rewritten to say uncompressed. A batch it refuses
 (a record whose fields do not add up to its length, bytes left over, a header key not UTF-8,
-...) is decoded again by the Python parser below, which gives what decode_records gives for
-it (records, or the same CorruptBatchError). aiokafka reads a record's attributes as a varint,
+...) is decoded again by decode_records itself (records, or its CorruptBatchError). aiokafka reads a record's attributes as a varint,
 Kafka and decode_records as one byte, and keeps the low 64 bits of a 10-byte varint where
 decode_records keeps them all: they differ only for a record whose attributes byte has its top
 bit set (attributes are unused in v2: clients write 0) or with a field beyond 64 bits, which no
@@ -26,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.protocol.recordcodec import Record, read_varint
+from broker.protocol.recordcodec import Record, decode_records
 from broker.protocol.records import HEADER_SIZE, BatchHeader, CorruptBatchError, decompress
 
 try:
@@ -129,84 +128,12 @@ def _decode_compiled(out: Columns, data: bytes, h: BatchHeader, offset: int) -> 
 
 
 def _decode_batch(out: Columns, data: bytes, h: BatchHeader, offset: int) -> None:
-    if h.is_control:
-        return
-    body = decompress(
-        h.compression, memoryview(data)[h.position + HEADER_SIZE : h.position + h.size]
-    )
-    base_offset = h.base_offset
-    base_ts = h.base_timestamp
-    fixed_ts = h.max_timestamp if h.log_append_time else None
-    offsets, timestamps = out.offsets, out.timestamps
-    keys, values, headers = out.keys, out.values, out.headers
-    no_headers: Headers = ()
-    pos = 0
-    try:
-        for _ in range(h.record_count):
-            b = body[pos]
-            if b < 0x80:
-                length, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                length, pos = read_varint(body, pos)
-            end = pos + length
-            pos += 1  # attributes (unused in v2)
-            b = body[pos]
-            if b < 0x80:
-                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                ts_delta, pos = read_varint(body, pos)
-            b = body[pos]
-            if b < 0x80:
-                off_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                off_delta, pos = read_varint(body, pos)
-            b = body[pos]
-            if b < 0x80:
-                klen, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                klen, pos = read_varint(body, pos)
-            if klen < 0:
-                key = None
-            else:
-                key = body[pos : pos + klen]
-                pos += klen
-            b = body[pos]
-            if b < 0x80:
-                vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                vlen, pos = read_varint(body, pos)
-            if vlen < 0:
-                value = None
-            else:
-                value = body[pos : pos + vlen]
-                pos += vlen
-            b = body[pos]
-            if b == 0:  # no headers (the usual case)
-                count, pos = 0, pos + 1
-            else:
-                count, pos = read_varint(body, pos)
-            hdrs = no_headers
-            if count > 0:
-                hl = []
-                for _h in range(count):
-                    hklen, pos = read_varint(body, pos)
-                    if hklen < 0:
-                        raise CorruptBatchError("negative header key length")
-                    hkey = body[pos : pos + hklen].decode("utf-8", "replace")
-                    pos += hklen
-                    hvlen, pos = read_varint(body, pos)
-                    hval = None if hvlen < 0 else body[pos : pos + hvlen]
-                    pos += max(hvlen, 0)
-                    hl.append((hkey, hval))
-                hdrs = tuple(hl)
-            if pos != end:
-                raise CorruptBatchError("record length does not match its fields")
-            o = base_offset + off_delta
-            if o >= offset:
-                offsets.append(o)
-                timestamps.append(base_ts + ts_delta if fixed_ts is None else fixed_ts)
-                keys.append(key)
-                values.append(value)
-                headers.append(hdrs)
-    except IndexError:
-        raise CorruptBatchError("record runs past the end of its batch") from None
+    """floe's own parser (broker.protocol.recordcodec): a batch aiokafka's refuses gets its
+    records, or its CorruptBatchError, from there."""
+    for r in decode_records(data, h):
+        if r.offset >= offset:
+            out.offsets.append(r.offset)
+            out.timestamps.append(r.timestamp)
+            out.keys.append(r.key)
+            out.values.append(r.value)
+            out.headers.append(r.headers)
