@@ -50,8 +50,13 @@ class KafkaConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.peer_host = ""
-        self._buf = bytearray()
-        self._inbox: deque[bytes] = deque()
+        # the received bytes of the next frame not yet complete (size prefix included), as
+        # the chunks they came in; _held counts them, _want is 4 + the frame's size once
+        # its prefix is here (4 until then)
+        self._held: list[bytes | memoryview] = []
+        self._held_bytes = 0
+        self._want = 4
+        self._inbox: deque[bytes | memoryview] = deque()
         self._inbox_ready = asyncio.Event()
         # (request head, response or future of it, monotonic time the request was decoded)
         self._outbox: asyncio.Queue[tuple[RequestHead, Any, float] | None] = asyncio.Queue(
@@ -98,24 +103,58 @@ class KafkaConnection(asyncio.Protocol):
         self._can_write.set()
 
     def data_received(self, data: bytes) -> None:
+        """Cut the stream into frames. A frame that arrives within one chunk is a view of it
+        (no copy); one spread over several chunks is joined once, when its last byte is
+        here. What is held never exceeds the bytes received: a size prefix is checked
+        against max_request_bytes and allocates nothing by itself."""
         if self._closing:
             return
         self.stats.bytes_in += len(data)
-        buf = self._buf
-        buf += data
+        if not self._held:
+            self._frames(memoryview(data))
+            return
+        self._held.append(data)
+        self._held_bytes += len(data)
+        if self._want == 4:  # the size prefix was cut (rare): join it with what follows
+            if self._held_bytes >= 4:
+                joined = b"".join(self._held)
+                self._held, self._held_bytes = [], 0
+                self._frames(memoryview(joined))
+            return
+        if self._held_bytes < self._want:
+            return
+        # the frame is complete: join its bytes only (the rest of the chunk starts the next)
+        last = memoryview(self._held.pop())
+        cut = len(last) - (self._held_bytes - self._want)
+        self._held.append(last[:cut])
+        self._held[0] = memoryview(self._held[0])[4:]  # the size prefix (>= 4 bytes held)
+        self._inbox.append(b"".join(self._held))
+        self._held, self._held_bytes, self._want = [], 0, 4
+        self._frames(last[cut:])
+
+    def _frames(self, view: memoryview) -> None:
+        """Queue the whole frames at the start of `view`; hold the incomplete rest."""
         pos = 0
-        with memoryview(buf) as view:  # frames are copied out once (a bytearray slice: twice)
-            while len(buf) - pos >= 4:
-                size = int.from_bytes(view[pos : pos + 4], "big", signed=True)
-                if size < 0 or size > self.max_request_bytes:
-                    self._close(f"request size {size} outside [0, {self.max_request_bytes}]")
-                    return
-                if len(buf) - pos - 4 < size:
-                    break
-                self._inbox.append(bytes(view[pos + 4 : pos + 4 + size]))
-                pos += 4 + size
-        if pos:
-            del buf[:pos]
+        end = len(view)
+        while end - pos >= 4:
+            size = int.from_bytes(view[pos : pos + 4], "big", signed=True)
+            if size < 0 or size > self.max_request_bytes:
+                self._close(f"request size {size} outside [0, {self.max_request_bytes}]")
+                return
+            if end - pos - 4 < size:
+                self._want = 4 + size
+                break
+            self._inbox.append(view[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+        if pos < end:
+            self._held = [view[pos:]]
+            self._held_bytes = end - pos
+            if self._held_bytes < 4:
+                self._want = 4
+        self._queued()
+
+    def _queued(self) -> None:
+        if self._inbox:
             self._inbox_ready.set()
             if len(self._inbox) >= MAX_QUEUED_REQUESTS and self.transport is not None:
                 self.transport.pause_reading()

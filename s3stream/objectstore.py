@@ -21,7 +21,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -36,6 +36,7 @@ from s3stream.stats import ObjectStoreStats
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Buffer = bytes | bytearray | memoryview
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -81,6 +82,33 @@ class MemoryObjectStore:
 
     async def close(self) -> None:
         pass
+
+
+_IOV_MAX = 1024  # Linux's limit on the buffers of one writev call
+
+
+def _write_all(fd: int, parts: Sequence[Buffer]) -> None:
+    """Write the parts one after the other (writev: no copy to join them), whatever the
+    number of parts and however short a write comes back."""
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
+    i = 0
+    while i < len(views):
+        n = os.writev(fd, views[i : i + _IOV_MAX])
+        while n and n >= len(views[i]):  # whole parts written
+            n -= len(views[i])
+            i += 1
+        if n:  # a part written in part: the rest of it next
+            views[i] = views[i][n:]
+
+
+async def put_parts(store: ObjectStore, key: str, parts: Sequence[Buffer]) -> None:
+    """PUT the object made of `parts` (one after the other): without joining them first where
+    the store can (`put_parts`), else joined once."""
+    put = getattr(store, "put_parts", None)
+    if put is not None:
+        await put(key, parts)
+    else:
+        await store.put(key, b"".join(parts))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -131,15 +159,16 @@ class LocalDirObjectStore:
                 self._durable_dirs.add(p)
 
     def _put(self, key: str, data: bytes | memoryview) -> None:
+        self._put_parts(key, (data,))
+
+    def _put_parts(self, key: str, data: Sequence[Buffer]) -> None:
+        """Write the object made of `data`'s parts, one after the other."""
         path = self._path(key)
         self._durable_dir(path.parent)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -160,6 +189,9 @@ class LocalDirObjectStore:
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await asyncio.to_thread(self._put, key, data)
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> None:
+        await asyncio.to_thread(self._put_parts, key, parts)
 
     async def get(self, key: str) -> bytes:
         return await asyncio.to_thread(self._get_range, key, 0, -1)
@@ -255,6 +287,11 @@ class RetryingObjectStore:
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await self._run("PUT", key, lambda: self.inner.put(key, data), memoryview(data).nbytes)
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> None:
+        """PUT the object made of `parts`, joined only if the store below needs it whole."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        await self._run("PUT", key, lambda: put_parts(self.inner, key, parts), size)
 
     async def get(self, key: str) -> bytes:
         return await self._run("GET", key, lambda: self.inner.get(key))

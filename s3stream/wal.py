@@ -31,7 +31,7 @@ from s3stream.metadata import (
     SqliteMetadataStore,
     StreamsFencedError,
 )
-from s3stream.objectstore import ObjectStore
+from s3stream.objectstore import ObjectStore, put_parts
 from s3stream.stats import LogStats, attributed
 
 log = logging.getLogger("s3stream.log")  # the name operators' log filters know
@@ -232,9 +232,11 @@ class WalMixin(IndexMixin):
             parts.append((sid, ps[0].base_offset, ps[-1].last_offset, data))
         object_id = await self._object_id()
         key = f"wal/{object_id:016d}"
-        blob, entries = walformat.encode(object_id, parts)
+        # the object as parts, written without joining them where the store can (a local
+        # directory: one writev); the per-stream bytes above are what the cache keeps
+        blob, size, entries = walformat.encode_parts(object_id, parts)
         with attributed((sid, len(data)) for sid, _b, _l, data in parts):  # cost per stream
-            await self.objects.put(key, blob)  # retries: the object store's own layer
+            await put_parts(self.objects, key, blob)  # retries: the object store's own layer
         rows = [
             ChunkRow(
                 e.stream_id,
@@ -254,7 +256,7 @@ class WalMixin(IndexMixin):
         ]
         attachments = self.commit_attachments(carried) if self.commit_attachments else ()
         attachments = [*attachments, *guards]
-        live = await self.meta.commit_object(object_id, key, len(blob), rows, attachments)
+        live = await self.meta.commit_object(object_id, key, size, rows, attachments)
         self._object_keys[object_id] = key
         self.flushes += 1
         # durable and committed: only now do the streams' end offsets move and futures resolve

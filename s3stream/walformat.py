@@ -21,6 +21,7 @@ it exists so an object is self-describing (recovery tools, compaction, audits).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -47,16 +48,36 @@ class ChunkEntry:
 
 
 def encode(
-    object_id: int, chunks: list[tuple[int, int, int, bytes | bytearray]]
+    object_id: int, chunks: Sequence[tuple[int, int, int, bytes | bytearray]]
 ) -> tuple[bytes, list[ChunkEntry]]:
     """chunks: (stream id, base offset, last offset, bytes). Returns the object and its index."""
+    parts, _size, entries = encode_parts(object_id, chunks)
+    return b"".join(parts), entries
+
+
+Part = bytes | bytearray | memoryview
+
+
+def encode_parts(
+    object_id: int, chunks: Sequence[tuple[int, int, int, Part | Sequence[Part]]]
+) -> tuple[list[Part], int, list[ChunkEntry]]:
+    """Like `encode`, the object as parts to write one after the other (the chunks' bytes
+    themselves, not copied), and its size. A chunk may be given as a sequence of parts
+    (several appends to one stream): its bytes are their concatenation."""
     entries = []
-    parts: list[bytes | bytearray] = [b""]
+    parts: list[Part] = [b""]
     pos = HEADER_SIZE
     for stream_id, base, last, data in chunks:
-        entries.append(ChunkEntry(stream_id, base, last, pos, len(data), crc32c(data)))
-        parts.append(data)
-        pos += len(data)
+        pieces: Sequence[Part] = (data,) if isinstance(data, bytes | bytearray | memoryview) \
+            else data
+        crc = 0
+        length = 0
+        for piece in pieces:
+            crc = crc32c(piece, crc)
+            length += len(piece)
+        entries.append(ChunkEntry(stream_id, base, last, pos, length, crc))
+        parts.extend(pieces)
+        pos += length
     index = b"".join(
         _ENTRY.pack(e.stream_id, e.base_offset, e.last_offset, e.position, e.length, e.crc)
         for e in entries
@@ -65,7 +86,7 @@ def encode(
     crc = crc32c(index, crc32c(head_wo_crc))
     parts[0] = _HEADER.pack(MAGIC, VERSION, object_id, len(entries), crc)
     parts.append(index)
-    return b"".join(parts), entries
+    return parts, pos + len(index), entries
 
 
 def decode_index(data: bytes) -> tuple[int, list[ChunkEntry]]:

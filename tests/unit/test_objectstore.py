@@ -28,6 +28,7 @@ from s3stream.objectstore import (
     RetryPolicy,
     is_retriable,
     open_object_store,
+    put_parts,
 )
 from s3stream.s3 import S3Error, S3ObjectStore, S3RetryableError, S3Settings, map_error
 from tests.faults import FaultyStore
@@ -100,6 +101,27 @@ async def test_put_get_range_list_delete(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFoundError):
         await store.get("wal/0001")
     assert await store.list("wal/") == ["wal/0002"]
+
+
+async def test_put_parts_writes_the_parts_one_after_the_other(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """put_parts (the WAL's PUT) stores exactly the joined bytes: more parts than one writev
+    takes (IOV_MAX), empty parts, and writes that come back short."""
+    parts: list[bytes | bytearray | memoryview] = [
+        bytes([i % 251]) * (i % 7) for i in range(3000)]
+    parts += [bytearray(b"tail"), memoryview(b"xyz")[1:], b""]
+    real_writev = os.writev
+
+    def short_writev(fd: int, buffers: Any) -> int:  # at most 1000 bytes per call
+        data = b"".join(bytes(b) for b in buffers)[:1000]
+        return real_writev(fd, [data])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    await put_parts(store, "wal/parts", parts)
+    assert await store.get("wal/parts") == b"".join(parts)
+    await put_parts(store, "wal/none", [])
+    assert await store.get("wal/none") == b""
 
 
 async def test_range_reads(store: ObjectStore) -> None:
