@@ -124,6 +124,26 @@ async def test_put_parts_writes_the_parts_one_after_the_other(
     assert await store.get("wal/none") == b""
 
 
+async def test_file_store_drops_wal_pages_from_the_page_cache_once_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """put_parts (the WAL's PUT, whose chunks the WAL caches itself) drops the object's pages
+    after its fsync, never before; a plain put keeps them."""
+    calls: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "posix_fadvise",
+                        lambda fd, off, n, advice: calls.append(f"fadvise {off} {n} {advice}"))
+    store = open_object_store((tmp_path / "objs").as_uri())
+    await store.put("stream/1", b"kept")
+    assert not [c for c in calls if c.startswith("fadvise")]
+    calls.clear()
+    await put_parts(store, "wal/1", [b"dro", b"pped"])
+    drop = f"fadvise 0 0 {os.POSIX_FADV_DONTNEED}"
+    assert calls.count(drop) == 1 and calls[calls.index(drop) - 1] == "fsync"  # the file's
+    assert await store.get("wal/1") == b"dropped" and await store.get("stream/1") == b"kept"
+
+
 async def test_range_reads(store: ObjectStore) -> None:
     data = bytes(range(256)) * 64
     await store.put("obj", data)
