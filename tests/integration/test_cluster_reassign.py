@@ -39,6 +39,7 @@ with warnings.catch_warnings():
     from kafka.admin import KafkaAdminClient
     from kafka.errors import (
         InvalidReplicationAssignmentError,
+        KafkaConnectionError,
         NoReassignmentInProgressError,
         UnknownTopicOrPartitionError,
     )
@@ -173,14 +174,27 @@ def test_a_partition_pinned_to_another_broker_moves_there_and_clients_follow(
         down = next(n for n in (1, 2, 3) if n != leaders(bootstrap, "r")[other])
         node(brokers, down).stop()  # graceful: registered, not live
         rest = ",".join(b.bootstrap for b in brokers if b.proc is not None)
-        # kafka-python's admin sends to the controller Metadata names and does not retry a
-        # refused connection: start it once the others' views have dropped the stopped broker
+        # kafka-python's admin does not retry a refused connection (to a broker it learned of
+        # before the stop): start it once the others' views have dropped the stopped broker,
+        # and start a new one should it still have tried the stopped broker
         wait_for("the others to see the stopped broker gone", lambda: all(
             sees_gone(b.bootstrap, down) for b in brokers if b.proc is not None), timeout=15)
         admin.close()
-        admin = kafka_admin(rest)
         tp = KTopicPartition("r", other)
-        assert admin.alter_partition_reassignments({tp: [down]}) == {tp: None}
+        pinned: list[object] = []
+
+        def pin_to_down() -> bool:
+            nonlocal admin
+            admin = kafka_admin(rest)
+            try:
+                pinned.append(admin.alter_partition_reassignments({tp: [down]}))
+            except KafkaConnectionError:
+                admin.close()
+                return False
+            return True
+
+        wait_for("a kafka-python admin to pin the partition", pin_to_down, timeout=20)
+        assert pinned == [{tp: None}]
         time.sleep(1.5)  # a few controller heartbeats: the partition cannot go there yet
         now = leaders(rest, "r")[other]
         assert now != down
