@@ -161,6 +161,9 @@ class Run:
             finally:
                 system.stop()
                 peaks.append(system.peak_rss_bytes)
+                if peaks[-1]:  # which workload drives the peak
+                    self.results.add(name, w.name, "peak_rss_mib", peaks[-1] / 2**20, "MiB",
+                                     False, "this workload's broker (VmHWM)")
             if w.name == CATCHUP_WORKLOAD and name in (FLOE_FILE, FLOE_S3):
                 self._raw_store(name, system)
             self._clean(system)
