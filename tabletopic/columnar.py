@@ -9,13 +9,13 @@ records of a batch are parsed by aiokafka's compiled parser (`aiokafka.record.de
 DefaultRecordBatch`, Cython: ~6x faster than Python here), on the body as floe's bounded
 `decompress` gives it, with the batch header rewritten to say uncompressed. A batch it refuses
 (a record whose fields do not add up to its length, bytes left over, a header key not UTF-8,
-...) is decoded again by decode_records itself (records, or its CorruptBatchError). aiokafka reads a record's attributes as a varint,
-Kafka and decode_records as one byte, and keeps the low 64 bits of a 10-byte varint where
-decode_records keeps them all: they differ only for a record whose attributes byte has its top
-bit set (attributes are unused in v2: clients write 0) or with a field beyond 64 bits, which no
-client writes either (a corrupt batch with a right CRC). Its reads past the end of a malformed
-record (a header's varints, up to 10 bytes, are read before its bounds check) land in padding
-of ours, never outside the buffer.
+...) is decoded again by decode_records itself (records, or its CorruptBatchError). aiokafka
+reads a record's attributes as a varint, Kafka and decode_records as one byte, and keeps the
+low 64 bits of a 10-byte varint where decode_records keeps them all: they differ only for a
+record whose attributes byte has its top bit set (attributes are unused in v2: clients write 0)
+or with a field beyond 64 bits, which no client writes either (a corrupt batch with a right
+CRC). Its reads past the end of a malformed record (a header's varints, up to 10 bytes, are
+read before its bounds check) land in padding of ours, never outside the buffer.
 """
 
 from __future__ import annotations
