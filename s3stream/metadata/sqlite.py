@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,26 @@ class SqliteConnection(Connection):
         self._db.close()
 
 
+BUSY_TIMEOUT_S = 10.0
+WAL_MODE_TRIES = 100
+
+
+def _wal_mode(db: sqlite3.Connection) -> None:
+    """Switch the database to WAL mode (kept in the file, so a no-op once done). Connections
+    opening a new database together race for the lock that switch takes, and SQLite answers
+    "database is locked" at once, without waiting, to the one whose wait could deadlock: so
+    try again a little later, a bounded number of times (a clean-clone CI run saw four stores
+    opening one new database fail so)."""
+    for attempt in range(WAL_MODE_TRIES):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or attempt == WAL_MODE_TRIES - 1:
+                raise
+            time.sleep(0.01 + 0.002 * attempt)
+
+
 class SqliteBackend(Backend):
     dialect = SQLITE
 
@@ -50,10 +71,14 @@ class SqliteBackend(Backend):
 
     def connect(self) -> Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=10000")
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                             timeout=BUSY_TIMEOUT_S)
+        try:
+            _wal_mode(db)
+            db.execute("PRAGMA synchronous=FULL")
+        except BaseException:
+            db.close()
+            raise
         return SqliteConnection(db)
 
     def describe(self) -> str:
