@@ -59,25 +59,17 @@ Part = bytes | bytearray | memoryview
 
 
 def encode_parts(
-    object_id: int, chunks: Sequence[tuple[int, int, int, Part | Sequence[Part]]]
+    object_id: int, chunks: Sequence[tuple[int, int, int, Part]]
 ) -> tuple[list[Part], int, list[ChunkEntry]]:
     """Like `encode`, the object as parts to write one after the other (the chunks' bytes
-    themselves, not copied), and its size. A chunk may be given as a sequence of parts
-    (several appends to one stream): its bytes are their concatenation."""
+    themselves, not copied), and its size."""
     entries = []
     parts: list[Part] = [b""]
     pos = HEADER_SIZE
     for stream_id, base, last, data in chunks:
-        pieces: Sequence[Part] = (data,) if isinstance(data, bytes | bytearray | memoryview) \
-            else data
-        crc = 0
-        length = 0
-        for piece in pieces:
-            crc = crc32c(piece, crc)
-            length += len(piece)
-        entries.append(ChunkEntry(stream_id, base, last, pos, length, crc))
-        parts.extend(pieces)
-        pos += length
+        entries.append(ChunkEntry(stream_id, base, last, pos, len(data), crc32c(data)))
+        parts.append(data)
+        pos += len(data)
     index = b"".join(
         _ENTRY.pack(e.stream_id, e.base_offset, e.last_offset, e.position, e.length, e.crc)
         for e in entries

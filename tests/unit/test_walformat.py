@@ -34,15 +34,13 @@ def test_unknown_version_is_refused() -> None:
 
 
 def test_parts_make_exactly_the_encoded_object() -> None:
-    """The WAL writes `encode_parts` (chunks as given, several appends of a stream as several
-    parts): the same bytes, index and size as `encode` of the joined chunks."""
-    appends: dict[int, list[walformat.Part]] = {
-        1: [b"a" * 100, bytearray(b"b" * 7)], 7: [b"c" * 10], 2: [b""], 9: [b"d", b"", b"e"]}
-    joined = [(sid, sid * 10, sid * 10 + 5, b"".join(ps)) for sid, ps in appends.items()]
-    given: list[tuple[int, int, int, walformat.Part | list[walformat.Part]]] = [
-        (sid, sid * 10, sid * 10 + 5, ps if len(ps) > 1 else ps[0]) for sid, ps in appends.items()]
-    blob, entries = walformat.encode(42, joined)
-    parts, size, part_entries = walformat.encode_parts(42, given)
+    """The WAL writes `encode_parts` (the chunks as given, not joined): the same bytes, index
+    and size as `encode`."""
+    chunks: list[tuple[int, int, int, walformat.Part]] = [
+        (1, 10, 15, b"a" * 100), (7, 70, 75, bytearray(b"b" * 7)), (2, 20, 25, b""),
+        (9, 90, 95, memoryview(b"de"))]
+    blob, entries = walformat.encode(42, [(s, b, e, bytes(d)) for s, b, e, d in chunks])
+    parts, size, part_entries = walformat.encode_parts(42, chunks)
     assert b"".join(parts) == blob and size == len(blob) and part_entries == entries
     assert walformat.decode_index(blob) == (42, entries)
-    assert any(p is appends[1][1] for p in parts)  # the chunks' bytes themselves, not copies
+    assert any(p is chunks[1][3] for p in parts)  # the chunks' bytes themselves, not copies
