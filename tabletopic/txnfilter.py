@@ -17,15 +17,8 @@ from dataclasses import dataclass
 
 from broker.engine import StorageEngine
 from broker.protocol import records
-from broker.protocol.recordcodec import Record, decode_records
 from broker.protocol.records import TRANSACTIONAL_BIT, BatchHeader
 from broker.txn.markers import ABORT, marker_type
-
-
-@dataclass(frozen=True, slots=True)
-class CommittedRead:
-    records: list[Record]  # the records at or after the read offset a consumer is handed
-    next_offset: int  # where the next read starts (past dropped records and markers too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,34 +27,15 @@ class CommittedBatches:
     next_offset: int  # where the next read starts (past dropped records and markers too)
 
 
-def committed_records(
-    storage: StorageEngine, topic: str, partition: int, data: bytes, offset: int, lso: int
-) -> CommittedRead | None:
-    """The records of `data` (a read from `offset`) below `lso` that a read_committed consumer
-    gets, or None when no whole batch of `data` lies below `lso`. `lso` must be taken before
-    this call (the aborted ranges are taken here, after it: a transaction that ended before
-    the LSO was taken has its marker, and so its aborted range, in place)."""
-    got = committed_batches(storage, topic, partition, data, offset, lso)
-    if got is None:
-        return None
-    return CommittedRead(batch_records(data, got.batches, offset), got.next_offset)
-
-
-def batch_records(data: bytes, batches: list[BatchHeader], offset: int) -> list[Record]:
-    """The records at or after `offset` of the given batches of `data` (no I/O, no state:
-    it may run in a thread)."""
-    out: list[Record] = []
-    for h in batches:
-        out += [r for r in decode_records(data, h) if r.offset >= offset]
-    return out
-
-
 def committed_batches(
     storage: StorageEngine, topic: str, partition: int, data: bytes, offset: int, lso: int
 ) -> CommittedBatches | None:
-    """Which batches of `data` hold what `committed_records` returns (their records at or
-    after `offset`), without decoding them: tabletopic.columnar decodes them, off the event
-    loop. Same contract as committed_records."""
+    """Which batches of `data` hold what a read_committed consumer is given from `offset`
+    (their records at or after `offset`), or None when no whole batch of `data` lies below
+    `lso`; they are not decoded here (tabletopic.columnar does that, off the event loop).
+    `lso` must be taken before this call (the aborted ranges are taken here, after it: a
+    transaction that ended before the LSO was taken has its marker, and so its aborted range,
+    in place)."""
     headers = [h for h in records.iter_headers(data) if h.last_offset < lso]
     if not headers:
         return None

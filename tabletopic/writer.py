@@ -370,8 +370,12 @@ class TableWriter:
         coordinator commits file sets handed in between rounds at once). Once per take-up:
         after that, rows wait for the requests as usual."""
         ups = [s for s in self.parts.values() if s.catching_up]
-        return bool(ups) and all(s.stopped or s.read_next >= self.storage.last_stable_offset(
-            self.topic, s.partition) for s in ups)
+        return bool(ups) and all(self._read_to_end(s) for s in ups)
+
+    def _read_to_end(self, st: PartitionState) -> bool:
+        """The partition has read up to its last stable offset, or stopped."""
+        return bool(st.stopped) or st.read_next >= self.storage.last_stable_offset(
+            self.topic, st.partition)
 
     async def _wait(self) -> None:
         keys = [(self.topic, p) for p, s in self.parts.items() if not s.stopped]
@@ -433,8 +437,7 @@ class TableWriter:
                 st.waiting.append((st.flushed, through))
                 st.flushed = through
                 st.tables, st.dead, st.records, st.bytes = [], [], 0, 0
-            if st.catching_up and (st.stopped or st.read_next >= self.storage.last_stable_offset(
-                    self.topic, st.partition)):
+            if st.catching_up and self._read_to_end(st):
                 st.catching_up = False  # handed in (or nothing more to read): caught up
         self.answered = max(self.answered, commit_id)
         self._next_fate_check = 0.0

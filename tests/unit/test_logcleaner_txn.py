@@ -13,7 +13,8 @@ import pytest
 from broker.logcleaner import CleanerSettings, LogCleaner
 from broker.protocol import records
 from broker.storage import Storage
-from tabletopic.txnfilter import committed_records
+from tabletopic.columnar import decode_columns
+from tabletopic.txnfilter import committed_batches
 from tests.s3server import broker_on_s3
 from tests.unit.test_logcleaner import COMPACT, open_storage, read_all, settle
 from tests.unit.test_txn_coordinator import txn_batch
@@ -51,8 +52,9 @@ async def end(storage: Storage, pid: int, commit: bool) -> int:
 async def read_committed(storage: Storage) -> list[tuple[int, bytes | None]]:
     lso = storage.last_stable_offset("t", 0)
     data = await storage.read("t", 0, 0, 1 << 20, True)
-    got = committed_records(storage, "t", 0, data, 0, lso)
-    return [] if got is None else [(r.offset, r.value) for r in got.records]
+    got = committed_batches(storage, "t", 0, data, 0, lso)  # what a table topic's writer reads
+    return [] if got is None else [(r.offset, r.value)
+                                   for r in decode_columns(data, got.batches, 0).records()]
 
 
 def markers(data: bytes) -> list[int]:
