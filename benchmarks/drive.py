@@ -66,8 +66,11 @@ def produce(
     tail_consumer: bool,
     record_acks: bool = False,
     json_values: bool = False,
+    consumer_reads: bool = True,
 ) -> RunResult:
-    """Produce the workload; with `tail_consumer`, a consumer reads along from the end."""
+    """Produce the workload; with `tail_consumer`, a consumer reads along from the end (told
+    to expect every acknowledged record, or none when `consumer_reads` is False: a system
+    whose Fetch returns no records, as the null engine, still gets the consumer's load)."""
     res = RunResult(system.name, w.name, topic)
     tag = f"{system.name}.{w.name}"
     consumer = None
@@ -107,7 +110,7 @@ def produce(
     if before is not None and after is not None:
         res.broker_cpu_s = after.cpu_s - before.cpu_s
     if consumer is not None:
-        consumer.send_line(str(res.produce.get("acked", 0)))
+        consumer.send_line(str(res.produce.get("acked", 0) if consumer_reads else 0))
         if consumer.wait(CLIENT_SLACK_S) is None:
             res.error = res.error or "consumer did not finish in time"
         procs.stop(consumer)

@@ -2,19 +2,20 @@
 
 Steady: JSON records at a fixed rate into a topic with `table.topic.enable=true`,
 `convert.value.type=json`, `commit.interval.ms=1000`. The producer records when each
-(partition, offset) was acknowledged (wall clock); a poller reads the broker's /status every
-50 ms and records when each partition's committed offset (what the Iceberg table holds) moved.
-Freshness of a record = first /status sample whose committed offset is past it - its ack time
-(so it carries up to 50 ms of polling delay).
+(partition, offset) was acknowledged (wall clock); a reader (benchmarks.icebergreader, its own
+pyiceberg catalog on the catalog database) polls the table every 50 ms and, when a new snapshot
+is current, scans the data files it has not read yet. Freshness of a record = the moment a
+scan of the current snapshot first returned its row - its ack (so it carries up to 50 ms of
+polling delay and the reader's own load and scan time); records never returned are counted,
+not dropped. After the run the current snapshot is read whole and its (partition, offset)
+pairs compared with the acknowledged ones (missing, never acknowledged, duplicated).
 
 Backlog: JSON records produced at max rate into a topic whose table is off; then the table is
 switched on (IncrementalAlterConfigs) and the time until the table holds them all gives the
 writer's catch-up rows/s.
 """
-
 from __future__ import annotations
 
-import bisect
 import json
 import threading
 import time
@@ -25,12 +26,21 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.drive import RunResult, create_topic, produce
+from benchmarks.icebergreader import (
+    RowCheck,
+    TableReader,
+    compare_rows,
+    row_visibility,
+    scan_offsets,
+)
 from benchmarks.procs import Processes
 from benchmarks.stats import percentiles
 from benchmarks.systems import System
 from benchmarks.workloads import TablePlan, Workload
+from tabletopic.config import default_table_name
 
 POLL_S = 0.05
+NAMESPACE = "default"
 TABLE_CONFIGS = {
     "table.topic.enable": "true",
     "table.topic.convert.value.type": "json",
@@ -102,32 +112,13 @@ def wait_for_table(address: str, topic: str, timeout_s: float = 30) -> bool:
     return False
 
 
-def freshness(
-    acks: dict[str, list[tuple[int, float]]], samples: list[tuple[float, dict[int, int], int]]
-) -> tuple[list[float], int]:
-    """Seconds from ack to visible in the table, per record; and how many never became so."""
-    out: list[float] = []
-    missing = 0
-    for part, entries in acks.items():
-        p = int(part)
-        times = [s[0] for s in samples]
-        committed = [s[1].get(p, 0) for s in samples]
-        for offset, acked_at in entries:
-            # committed offsets only grow: the first sample past `offset`
-            i = bisect.bisect_right(committed, offset)
-            if i >= len(samples):
-                missing += 1
-                continue
-            out.append(max(0.0, times[i] - acked_at))
-    return out, missing
-
-
 @dataclass
 class TableRun:
     steady: RunResult | None = None
     freshness_s: dict[str, float] = field(default_factory=dict)
     rows_s: float = 0.0
-    missing: int = 0
+    missing: int = 0  # acknowledged records no scan returned before the end
+    check: RowCheck | None = None  # the steady table's current snapshot vs the acks
     backlog_rows_s: float = 0.0
     backlog_rows: int = 0
     # (seconds after the switch, rows in the table), every status poll
@@ -156,24 +147,45 @@ def _steady(
         res.error = "the table writer did not start"
         return
     w = Workload("table-json", plan.size, plan.partitions, plan.rate, plan.duration)
-    poller = StatusPoller(address, topic)
-    poller.start(plan.duration + 120)
+    catalog, warehouse = catalog_of(system.data_dir)
+    table = (NAMESPACE, default_table_name(topic))
+    reader = TableReader(catalog, warehouse, table, scan_rows=True)
+    reader.start()
+    acks: dict[int, list[tuple[int, float]]] = {}
     try:
         run = produce(procs, system, w, topic, out_dir, False, record_acks=True, json_values=True)
         res.steady = run
-        acks: dict[str, list[tuple[int, float]]] = run.produce.get("acks", {})
-        goal = {int(p): max(o for o, _t in e) + 1 for p, e in acks.items() if e}
-        if not poller.wait_until(goal, 60):
-            res.error = f"table did not catch up within 60 s ({poller.last_error})"
+        acks = {int(p): e for p, e in run.produce.get("acks", {}).items()}
+        goal = {p: max(o for o, _t in e) + 1 for p, e in acks.items() if e}
+        if not reader.wait_for(goal, 60):
+            res.error = f"table did not catch up within 60 s ({reader.last_error})"
     finally:
-        poller.stop()
-    fresh, res.missing = freshness(acks, poller.samples)
+        reader.stop()
+    records = row_visibility(acks, reader.rows)
+    fresh = [f for r in records if (f := r.freshness) is not None]
+    res.missing = len(records) - len(fresh)
     res.freshness_samples = fresh
     res.freshness_s = percentiles(fresh, (50, 99, 99.9))
+    if reader.duplicates and not res.error:
+        res.error = f"the reader's scans returned {reader.duplicates} rows twice"
     first_ack = min((t for e in acks.values() for _o, t in e), default=0.0)
-    visible = [s for s in poller.samples if s[2] > 0]
-    if visible and first_ack:
-        res.rows_s = visible[-1][2] / max(visible[-1][0] - first_ack, 1e-9)
+    if reader.seen and first_ack:
+        last = reader.seen[-1]
+        res.rows_s = last.total_records / max(last.at - first_ack, 1e-9)
+    try:
+        rows = scan_offsets(catalog, warehouse, table)
+    except Exception as e:
+        res.error = res.error or f"reading the table: {type(e).__name__}: {e}"
+        return
+    res.check = compare_rows(((p, o) for p, e in acks.items() for o, _t in e), rows)
+
+
+def catalog_of(data_dir: Path) -> tuple[str, str]:
+    """The SQLite catalog and file warehouse a floe-file broker keeps in its data dir."""
+    return (
+        f"sqlite:///{(data_dir / 'catalog.db').resolve()}",
+        (data_dir / "warehouse").resolve().as_uri(),
+    )
 
 
 def _backlog(
@@ -234,22 +246,3 @@ def _backlog(
         res.error = res.error or f"backlog: table holds {rows} of {acked} rows after 240 s"
         return
     res.backlog_rows_s = acked / (done - t0)
-
-
-def table_rows(data_dir: Path, topic: str) -> tuple[int | None, str]:
-    """Rows in the Iceberg table of `topic` (its current snapshot), read with pyiceberg."""
-    try:
-        from tabletopic.catalog import open_catalog
-        from tabletopic.config import default_table_name
-
-        catalog = open_catalog(
-            f"sqlite:///{(data_dir / 'catalog.db').resolve()}",
-            (data_dir / "warehouse").resolve().as_uri(),
-        )
-        table = catalog.load_table(("default", default_table_name(topic)))
-        snap = table.current_snapshot()
-        if snap is None or snap.summary is None:
-            return 0, "the table has no snapshot"
-        return int(snap.summary["total-records"] or 0), ""
-    except Exception as e:
-        return None, f"reading the table: {type(e).__name__}: {e}"

@@ -40,7 +40,6 @@ process is stopped at the end (also on an error, Ctrl-C or SIGTERM).
 from __future__ import annotations
 
 import argparse
-import bisect
 import itertools
 import json
 import math
@@ -57,59 +56,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.icebergreader import (
+    Record,
+    Seen,
+    TableReader,
+    visibility,
+)
 from benchmarks.procs import Proc, Processes, free_port
 from benchmarks.procstat import ProcSample, machine_cpu, own_cpu
 from benchmarks.stats import percentiles
 
 TOPIC = "freshness"
 TABLE = ("default", "freshness")  # tabletopic.config.default_table_name(TOPIC)
-READ_POLL_S = 0.05
 STATUS_POLL_S = 0.5
 TIMEOUT_S = 60.0
 QS = (50, 90, 99, 99.9)
 
 
 # -- the statistics (pure) ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A snapshot, as the reader first had it."""
-
-    at: float  # wall clock: the reader's load that returned it ended
-    snapshot_id: int
-    committed_at: float  # the snapshot's timestamp
-    offsets: dict[int, int]  # floe.offsets of its summary: next offset per partition
-    total_records: int
-
-
-@dataclass(frozen=True)
-class Record:
-    partition: int
-    offset: int
-    acked_at: float
-    visible_at: float | None  # None: never visible before the end
-    committed_at: float | None  # the timestamp of the first snapshot holding it
-
-    @property
-    def freshness(self) -> float | None:
-        return None if self.visible_at is None else self.visible_at - self.acked_at
-
-
-def visibility(acks: dict[int, list[tuple[int, float]]], seen: list[Seen]) -> list[Record]:
-    """Every acknowledged record with the first snapshot the reader saw that holds it."""
-    out: list[Record] = []
-    for p, entries in sorted(acks.items()):
-        reach: list[int] = []  # offsets never move back; a running max guards the search
-        for s in seen:
-            reach.append(max(s.offsets.get(p, 0), reach[-1] if reach else 0))
-        for offset, acked_at in entries:
-            i = bisect.bisect_right(reach, offset)  # the first snapshot past `offset`
-            if i < len(seen):
-                out.append(Record(p, offset, acked_at, seen[i].at, seen[i].committed_at))
-            else:
-                out.append(Record(p, offset, acked_at, None, None))
-    return out
 
 
 def regressions(seen: list[Seen]) -> int:
@@ -189,26 +153,6 @@ def timeline(records: list[Record], start: float, bucket_s: float = 1.0) -> list
     return out
 
 
-def _metadata_location(catalog: Any) -> str | None:
-    """The table's row in pyiceberg's SQL catalog: its current metadata file (None: no
-    table yet)."""
-    from pyiceberg.catalog.sql import IcebergTables
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
-    with Session(catalog.engine) as session:
-        loc: str | None = session.execute(select(IcebergTables.metadata_location).where(
-            IcebergTables.catalog_name == catalog.name,
-            IcebergTables.table_namespace == TABLE[0],
-            IcebergTables.table_name == TABLE[1])).scalar_one_or_none()
-        return loc
-
-
-def parse_offsets(raw: str | None) -> dict[int, int]:
-    """A snapshot summary's `floe.offsets` ({"partition": next offset}, JSON)."""
-    return {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
-
-
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
@@ -218,78 +162,6 @@ def _rounded(d: dict[str, float]) -> dict[str, float]:
 
 
 # -- the reader -------------------------------------------------------------------------------
-
-
-@dataclass
-class TableReader:
-    """Every READ_POLL_S, with its own pyiceberg catalog: reads the table's metadata pointer
-    in the catalog (one row), and when it moved loads the table (what load_table reads:
-    the row, then the metadata file) and notes the current snapshot if it is new (Seen).
-    Looking at the row first keeps the reader's CPU off the 2 shared cores between
-    commits; a snapshot is noted when the load that returned it ended."""
-
-    catalog_uri: str
-    warehouse: str
-    seen: list[Seen] = field(default_factory=list)
-    polls: int = 0
-    loads: int = 0
-    load_s: float = 0.0  # time spent in load_table
-    errors: int = 0
-    last_error: str = ""
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="iceberg reader", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def offsets(self) -> dict[int, int]:
-        return dict(self.seen[-1].offsets) if self.seen else {}
-
-    def _run(self) -> None:
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        # rows of pyiceberg's SQL catalog are keyed by catalog name: the brokers' is "floe"
-        catalog = SqlCatalog("floe", uri=self.catalog_uri, warehouse=self.warehouse)
-        pointer: str | None = None
-        last: int | None = None
-        while not self._stop.is_set():
-            began = time.time()
-            self.polls += 1
-            try:
-                now_pointer = _metadata_location(catalog)
-                if now_pointer is not None and now_pointer != pointer:
-                    table = catalog.load_table(TABLE)
-                    now = time.time()
-                    self.loads += 1
-                    self.load_s += now - began
-                    pointer = now_pointer
-                    snap = table.current_snapshot()
-                    if snap is not None and snap.snapshot_id != last:
-                        last = snap.snapshot_id
-                        summary = snap.summary
-                        props = summary.additional_properties if summary is not None else {}
-                        self.seen.append(Seen(now, snap.snapshot_id, snap.timestamp_ms / 1000,
-                                              parse_offsets(props.get("floe.offsets")),
-                                              int(props.get("total-records") or 0)))
-            except Exception as e:  # the catalog busy (SQLite locked), a file mid-write
-                self.errors += 1
-                self.last_error = f"{type(e).__name__}: {e}"
-            self._stop.wait(max(0.0, READ_POLL_S - (time.time() - began)))
-
-    def wait_for(self, goal: dict[int, int], timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            have = self.offsets()
-            if all(have.get(p, 0) >= o for p, o in goal.items()):
-                return True
-            time.sleep(READ_POLL_S)
-        return False
 
 
 # -- the cluster ------------------------------------------------------------------------------
@@ -503,7 +375,7 @@ def _run(plan: Plan, out: Path, procs: Processes, cluster: Cluster) -> dict[str,
                and even(placed, nodes))
     status = StatusPoller(cluster)
     status.start()
-    reader = TableReader(cluster.catalog, cluster.warehouse)
+    reader = TableReader(cluster.catalog, cluster.warehouse, TABLE)
     reader.start()
     result: dict[str, Any] = {"plan": asdict(plan), "leaders_at_start": placed}
     try:

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.icebergreader import Seen, parse_offsets, visibility
 from benchmarks.tablefreshness_cluster import (
-    Seen,
     gaps,
     leader_moves,
-    parse_offsets,
     recovery,
     regressions,
     row_mismatches,
     summarize,
     timeline,
-    visibility,
 )
 
 
