@@ -35,6 +35,7 @@ from broker.config import ConfigError, Settings, TopicConfig, validate_topic_con
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
 from broker.health import HealthCheck
+from broker.protocol.recordset import RecordSet
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
@@ -155,7 +156,7 @@ class ReplicaRead:
     metadata database: records, log start and high watermark (also the last stable offset:
     a replica serves read_committed only for partitions without transactions)."""
 
-    data: bytes
+    data: RecordSet
     log_start: int
     high_watermark: int
 
@@ -277,7 +278,17 @@ class StorageEngine(Protocol):
 
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
-    ) -> bytes: ...
+    ) -> bytes:
+        """`read_records`, joined (readers that decode the batches)."""
+        ...
+
+    async def read_records(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> RecordSet:
+        """Whole batches from the one holding `offset`, within max_bytes (at least one if
+        must_return_one), as views (what Fetch serves). OFFSET_OUT_OF_RANGE outside
+        [log start, high watermark]."""
+        ...
 
     async def offset_for_time(
         self, topic: str, partition: int, timestamp: int

@@ -33,6 +33,7 @@ from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
 from broker.health import HealthCheck
 from broker.protocol.records import CorruptBatchError, iter_headers
+from broker.protocol.recordset import EMPTY, RecordSet
 
 
 class NullStorage(TopicTable):
@@ -180,13 +181,19 @@ class NullStorage(TopicTable):
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> bytes:
+        return (await self.read_records(topic, partition, offset, max_bytes, must_return_one)
+                ).tobytes()
+
+    async def read_records(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> RecordSet:
         """No records, ever; OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
         start, end = self.offsets(topic, partition)
         if not start <= offset <= end:
             raise KafkaError(
                 ErrorCode.offset_out_of_range, f"offset {offset} not in [{start}, {end}]"
             )
-        return b""
+        return EMPTY
 
     async def offset_for_time(
         self, topic: str, partition: int, timestamp: int

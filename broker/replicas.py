@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from broker.engine import ReplicaRead
 from broker.errors import ErrorCode, KafkaError
+from broker.protocol.recordset import RecordSet
 from s3stream.log import (
     Chunk,
     ChunkData,
@@ -96,7 +97,7 @@ class ReplicaReads(ReaderMixin):
         self,
         log_store: LogStore,
         meta: SqliteMetadataStore,
-        serve: Callable[[list[ChunkData], int, int, bool], bytes],
+        serve: Callable[[list[ChunkData], int, int, bool], RecordSet],
     ) -> None:
         self.serve = serve  # the leader's batch checks (broker.storage.serve_batches)
         self.objects = log_store.objects

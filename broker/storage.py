@@ -39,6 +39,7 @@ from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.metadata import KafkaMetadata, PartitionRow, TopicRow, producer_rows
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
+from broker.protocol.recordset import RecordSet, RecordSetBuilder
 from broker.replicas import ReplicaCollector, ReplicaReads
 from broker.retention import retention_start
 from broker.txn.partitions import TxnLog
@@ -406,6 +407,13 @@ class Storage(TopicTable):
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> bytes:
+        """`read_records`, joined."""
+        return (await self.read_records(topic, partition, offset, max_bytes, must_return_one)
+                ).tobytes()
+
+    async def read_records(
+        self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
+    ) -> RecordSet:
         """Whole batches from the one holding `offset`, within max_bytes (at least one batch
         if must_return_one). Raises OFFSET_OUT_OF_RANGE outside [log start, high watermark].
         What is served is checked (see `serve_batches`); a read that raced a chunk swap is made
@@ -625,15 +633,15 @@ class Storage(TopicTable):
 
 def serve_batches(
     chunks: list[ChunkData], offset: int, max_bytes: int, must_return_one: bool
-) -> bytes:
+) -> RecordSet:
     """The batches of contiguous `chunks` (LogStore.read_chunks) from the one holding `offset`,
-    within max_bytes (at least one if must_return_one). Raises ReadRaceError, serving nothing,
-    unless every batch lies inside its chunk's offset range and starts after the previous one
-    ends. A batch may start after `offset`, or after the previous batch's end, only where
-    compaction (cleanup.policy=compact) dropped records; that no chunk was skipped is what the
-    chunks' contiguity proves."""
-    parts: list[memoryview] = []
-    total = 0
+    within max_bytes (at least one if must_return_one), as views of the chunks (see
+    broker.protocol.recordset). Raises ReadRaceError, serving nothing, unless every batch lies
+    inside its chunk's offset range and starts after the previous one ends. A batch may start
+    after `offset`, or after the previous batch's end, only where compaction
+    (cleanup.policy=compact) dropped records; that no chunk was skipped is what the chunks'
+    contiguity proves."""
+    out = RecordSetBuilder()
     after = -1  # the offset following the last batch seen
     for c in chunks:
         for h in records.iter_headers(c.data):
@@ -645,11 +653,10 @@ def serve_batches(
             after = h.next_offset
             if h.next_offset <= offset:
                 continue
-            if total + h.size > max_bytes and (parts or not must_return_one):
-                return b"".join(parts)
-            parts.append(memoryview(c.data)[h.position : h.position + h.size])
-            total += h.size
-    return b"".join(parts)
+            if len(out) + h.size > max_bytes and (len(out) or not must_return_one):
+                return out.build()
+            out.add(c.data, h)
+    return out.build()
 
 
 def _is_an_engine(s: Storage) -> StorageEngine:

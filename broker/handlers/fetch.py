@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Protocol
+from typing import Protocol, cast
 
 from kio.schema.list_offsets.v1 import request as list_offsets_v1
 
@@ -29,7 +29,7 @@ from broker.handlers.apitypes import (
 )
 from broker.handlers.base import ZERO_MS, BrokerContext, Later, Reply, api, build, nested, resp
 from broker.protocol.codec import RequestHead
-from broker.protocol.records import iter_headers
+from broker.protocol.recordset import EMPTY, RecordSet
 
 READ_COMMITTED = 1
 # a fetch that has records ready answers without the partitions whose reads take longer than
@@ -86,29 +86,29 @@ async def _collect(
     for t in req.topics:
         parts = []
         for p in t.partitions:
-            code, hw, start, lso, data = ErrorCode.none, -1, -1, -1, b""
+            code, hw, start, lso, data = ErrorCode.none, -1, -1, -1, EMPTY
             aborted: list[tuple[int, int]] = []
             route = routes[i]
             try:
                 limit = min(p.partition_max_bytes, budget - total)
-                got: bytes | ReplicaRead = b""
+                got: RecordSet | ReplicaRead = EMPTY
                 if route == REPLICA or (route == LEADER and (limit > 0 or total == 0)):
                     got = await reads.result(i, budget - total, total > 0)
                 if isinstance(got, ReplicaRead):  # one snapshot: no transactions (see there)
-                    data = _within(got.data, max(limit, 0), total == 0)
+                    data = got.data.within(max(limit, 0), total == 0)
                     start, hw, lso = got.log_start, got.high_watermark, got.high_watermark
                 else:
-                    data = _within(got, max(limit, 0), total == 0)
+                    data = got.within(max(limit, 0), total == 0)
                     # after the read: the high watermark answered is never below a record
                     start, hw = storage.offsets(t.topic, p.partition)
                     lso = storage.last_stable_offset(t.topic, p.partition)
                     if committed:  # aborted ranges taken with (after) the LSO: see _below
-                        data = _below(data, lso)
+                        data = data.below(lso)  # the batches that end below it
                         aborted = storage.aborted_transactions(
                             t.topic, p.partition, p.fetch_offset, lso
                         )
                 if route >= 0:
-                    data, aborted, errors = b"", [], True  # no records; answered at once
+                    data, aborted, errors = EMPTY, [], True  # no records; answered at once
             except KafkaError as e:
                 code, errors = e.code, True
             i += 1
@@ -128,7 +128,7 @@ async def _collect(
                         for pid, first in aborted
                     ),
                     preferred_read_replica=route if route >= 0 and not code else -1,
-                    records=data,
+                    records=cast(bytes, data),  # written as views: broker/protocol/recordset
                 )
             )
         topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
@@ -190,7 +190,7 @@ class _Reads:
         self.storage, self.parts, self.budget = storage, parts, budget
         self.routes = routes if routes is not None else [LEADER] * len(parts)
         self.committed = committed
-        self.tasks: list[asyncio.Future[bytes | ReplicaRead]] = []
+        self.tasks: list[asyncio.Future[RecordSet | ReplicaRead]] = []
         self.limits: list[int] = []
         self.ahead = 0  # bytes the started reads whose turn has not come may bring
         self.began = time.monotonic()
@@ -199,13 +199,13 @@ class _Reads:
         i = len(self.tasks)
         topic, p = self.parts[i]
         limit = max(min(p.partition_max_bytes, self.budget), 0)
-        read: Coroutine[object, object, bytes | ReplicaRead]
+        read: Coroutine[object, object, RecordSet | ReplicaRead]
         if self.routes[i] == REPLICA:
             read = self.storage.replica_read(
                 topic, p.partition, p.fetch_offset, limit, self.committed
             )
         elif self.routes[i] == LEADER:
-            read = self.storage.read(topic, p.partition, p.fetch_offset, limit, True)
+            read = self.storage.read_records(topic, p.partition, p.fetch_offset, limit, True)
         else:  # sent to a preferred read replica: nothing read here
             read, limit = _nothing(), 0
         task = asyncio.ensure_future(read)
@@ -214,7 +214,7 @@ class _Reads:
         self.limits.append(limit)
         self.ahead += limit
 
-    async def result(self, i: int, left: int, have_some: bool) -> bytes | ReplicaRead:
+    async def result(self, i: int, left: int, have_some: bool) -> RecordSet | ReplicaRead:
         """Partition i's read (its turn has come; the ones after it start while what they may
         bring stays within `left`, the bytes the budget has left). When the read is not done
         SERVE_WITHIN_S after the fetch's start and the response already has records
@@ -236,7 +236,7 @@ class _Reads:
                 pending = [t for t in self.tasks[i:] if not t.done()]
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             if not task.done():
-                return b""
+                return EMPTY
         return await task
 
     def _ready_after(self, i: int) -> bool:
@@ -247,42 +247,17 @@ class _Reads:
         )
 
 
-async def _nothing() -> bytes | ReplicaRead:
-    return b""
+async def _nothing() -> RecordSet | ReplicaRead:
+    return EMPTY
 
 
-def _records(got: bytes | ReplicaRead) -> bytes:
+def _records(got: RecordSet | ReplicaRead) -> RecordSet:
     return got.data if isinstance(got, ReplicaRead) else got
 
 
-def _retrieve(task: asyncio.Future[bytes | ReplicaRead]) -> None:
+def _retrieve(task: asyncio.Future[RecordSet | ReplicaRead]) -> None:
     if not task.cancelled():
         task.exception()  # a read whose turn never came: its error is nobody's
-
-
-def _within(data: bytes, limit: int, must_return_one: bool) -> bytes:
-    """The whole batches of `data` that fit in `limit` bytes (at least one if
-    must_return_one)."""
-    if len(data) <= limit:
-        return data
-    end = 0
-    for h in iter_headers(data):
-        if h.position + h.size > limit and (end or not must_return_one):
-            break
-        end = h.position + h.size
-    return data[:end]
-
-
-def _below(data: bytes, lso: int) -> bytes:
-    """The batches of `data` that end below the last stable offset. A transaction open when
-    the LSO was taken has its records at or above it; one closed by then has its marker
-    durable, so its abort (if it aborted) is in the aborted ranges taken after the LSO."""
-    end = 0
-    for h in iter_headers(data):
-        if h.last_offset >= lso:
-            break
-        end = h.position + h.size
-    return data if end == len(data) else data[:end]
 
 
 @api(LIST_OFFSETS, 1, 8)

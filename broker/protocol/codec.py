@@ -8,7 +8,6 @@ schema classes themselves (`__header_schema__`).
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 from functools import cache
@@ -19,6 +18,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32
 
 from broker.protocol.framecheck import MalformedFrame, check_request
+from broker.protocol.recordset import RecordSet
 
 _PEEK = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
@@ -133,7 +133,9 @@ def response_type(api_key: int, api_version: int) -> type[Any]:
 
 class _Parts:
     """A write-only buffer for kio's writers that keeps large values (records) as they are,
-    by reference, and copies only the small fields around them into shared bytearrays."""
+    by reference, and copies only the small fields around them into shared bytearrays. A
+    fetch's `records` may be a RecordSet (broker/protocol/recordset.py): kio writes its
+    len() and hands it to write(), which takes its views."""
 
     BIG = 64 * 1024
 
@@ -141,7 +143,11 @@ class _Parts:
         self.parts: list[bytes | bytearray | memoryview] = [bytearray(4)]
         self.size = 0
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview | RecordSet) -> int:
+        if isinstance(data, RecordSet):  # a fetch's records: its views, as they are
+            for part in data.parts:
+                self.write(part)
+            return len(data)
         n = len(data)
         if n >= self.BIG:  # a bytearray part would be appended to: a view of it instead
             self.parts.append(memoryview(data) if isinstance(data, bytearray) else data)
@@ -172,14 +178,6 @@ def encode_response_parts(
 def encode_response(
     api_key: int, api_version: int, correlation_id: int, response: object
 ) -> bytes:
-    """The size-prefixed response frame."""
-    codec = _codec(api_key, api_version)
-    buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
-    header_type = codec.response_type.__header_schema__
-    codec.write_response_header(buf, header_type(correlation_id=i32(correlation_id)))
-    codec.write_response(buf, response)
-    out = buf.getbuffer()
-    _SIZE.pack_into(out, 0, len(out) - 4)
-    del out
-    return buf.getvalue()
+    """The size-prefixed response frame, in one piece."""
+    parts, _size = encode_response_parts(api_key, api_version, correlation_id, response)
+    return b"".join(parts)

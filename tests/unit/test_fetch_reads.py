@@ -14,6 +14,7 @@ import pytest
 from broker.engine import StorageEngine
 from broker.handlers import fetch
 from broker.protocol import records
+from broker.protocol.recordset import RecordSet, RecordSetBuilder
 from tests.rawclient import make_batch
 
 
@@ -38,12 +39,17 @@ class SlowStorage:
         self.gates = {p: asyncio.Event() for p in data}
         self.started: list[int] = []
 
-    async def read(
+    async def read_records(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
-    ) -> bytes:
+    ) -> RecordSet:
         self.started.append(partition)
         await self.gates[partition].wait()
-        return self.data[partition]
+        return record_set(self.data[partition])
+
+
+def got(read: object) -> bytes:
+    assert isinstance(read, RecordSet)
+    return read.tobytes()
 
 
 def reads(storage: SlowStorage, n: int, budget: int) -> Any:
@@ -51,19 +57,28 @@ def reads(storage: SlowStorage, n: int, budget: int) -> Any:
     return fetch._Reads(cast(StorageEngine, storage), parts, budget)
 
 
+def record_set(data: bytes) -> RecordSet:
+    """The batches of `data` as a RecordSet of views, as Storage.read_records serves them."""
+    out = RecordSetBuilder()
+    for h in records.iter_headers(data):
+        out.add(data, h)
+    return out.build()
+
+
 def test_within_cuts_whole_batches_and_keeps_a_first_one() -> None:
     a, b = batch(0, 2), batch(2, 2)
-    assert fetch._within(a + b, len(a) + len(b), False) == a + b
-    assert fetch._within(a + b, len(a) + 1, False) == a
-    assert fetch._within(a + b, 1, False) == b""
-    assert fetch._within(a + b, 1, True) == a  # KIP-74: the first batch even if too big
+    ab = record_set(a + b)
+    assert ab.within(len(a) + len(b), False).tobytes() == a + b
+    assert ab.within(len(a) + 1, False).tobytes() == a
+    assert ab.within(1, False).tobytes() == b""
+    assert ab.within(1, True).tobytes() == a  # KIP-74: the first batch even if too big
 
 
 async def test_reads_start_ahead_within_the_budget() -> None:
-    storage = SlowStorage({p: b"x" for p in range(5)})
+    storage = SlowStorage({p: batch(p, 1) for p in range(5)})
     r = reads(storage, 5, 300)  # each partition may bring 100
     storage.gates[0].set()
-    assert await r.result(0, 300, False) == b"x"
+    assert got(await r.result(0, 300, False)) == storage.data[0]
     await asyncio.sleep(0)
     assert storage.started == [0, 1, 2]  # 0's 100 bytes and two more fill the 300
 
@@ -72,13 +87,13 @@ async def test_a_slow_read_is_skipped_only_when_records_are_ready(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(fetch, "SERVE_WITHIN_S", 0.01)
-    storage = SlowStorage({0: b"a", 1: b"b", 2: b"c"})
+    storage = SlowStorage({p: batch(p, 1) for p in range(3)})
     r = reads(storage, 3, 1000)
     storage.gates[1].set()  # partition 1 is ready, 0 is slow
-    assert await r.result(0, 1000, False) == b""  # skipped: 1 has records for this response
-    assert await r.result(1, 1000, False) == b"b"
-    got = asyncio.ensure_future(r.result(2, 999, False))  # nothing else ready: it waits
+    assert got(await r.result(0, 1000, False)) == b""  # skipped: 1 has records for this response
+    assert got(await r.result(1, 1000, False)) == storage.data[1]
+    third = asyncio.ensure_future(r.result(2, 999, False))  # nothing else ready: it waits
     await asyncio.sleep(0.05)
-    assert not got.done()
+    assert not third.done()
     storage.gates[2].set()
-    assert await got == b"c"
+    assert got(await third) == storage.data[2]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from broker.protocol import records
+from broker.protocol.recordset import RecordSet
 from broker.storage import serve_batches
 from s3stream.log import ChunkData, ReadRaceError
 from tests.rawclient import make_batch
@@ -20,8 +21,8 @@ def batch(base: int, n: int) -> bytes:
     return bytes(buf)
 
 
-def bases(data: bytes) -> list[int]:
-    return [h.base_offset for h in records.iter_headers(data)]
+def bases(data: RecordSet) -> list[int]:
+    return [h.base_offset for h in records.iter_headers(data.tobytes())]
 
 
 def test_serves_from_the_batch_holding_the_offset_across_chunks() -> None:
