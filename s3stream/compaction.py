@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class CompactionSettings:
     interval_ms: int = 30_000
     min_age_ms: int = 10_000  # leave the newest WAL objects alone (tail reads hit the cache)
-    max_bytes_per_run: int = 256 * 1024 * 1024
+    max_bytes_per_run: int = 64 * 1024 * 1024  # held in memory by one pass
     stream_object_max_bytes: int = 64 * 1024 * 1024
     chunk_max_bytes: int = 1024 * 1024  # index granularity inside a stream object
     gc_delay_ms: int = 30_000
@@ -130,21 +130,45 @@ class Compactor:
     _unreferenced_since: dict[int, float] = field(default_factory=dict)
 
     async def run_once(self) -> CompactionStats:
+        """Compacts the WAL objects old enough now, in passes of at most max_bytes_per_run
+        (what one pass holds in memory: the WAL objects it reads, then one stream object at
+        a time), then collects garbage. Bounded: as many passes as the bytes eligible at the
+        start need, and none after a pass that compacted nothing."""
         stats = CompactionStats()
         meta = self.store.meta
         now = int(time.time() * 1000)
-        chosen = choose_wal_objects(await meta.objects("wal"), now, self.settings)
-        if chosen:
-            # only the streams this store serves (with several writers on one metadata
-            # database, each compacts its own; the swap is guarded by `store.guards`)
-            chunks = [c for c in await meta.chunks_of_objects([o.object_id for o in chosen])
-                      if c.stream_id in self.store.streams]
-            mine = {c.object_id for c in chunks}
-            plan = plan_compaction([o for o in chosen if o.object_id in mine], chunks,
-                                   self.settings)
-            await self._execute(plan, stats)
+        wal = await meta.objects("wal")
+        eligible = sum(o.size for o in wal if o.created_ms <= now - self.settings.min_age_ms)
+        passes = max(1, -(-eligible // self.settings.max_bytes_per_run))
+        done: set[int] = set()  # compacted by this run (their rows stay until the GC)
+        for i in range(passes):
+            if i:
+                wal = await meta.objects("wal")
+            # objects whose chunks all moved already (this run's, or unreferenced ones the
+            # GC has not deleted yet) would take the budget and make nothing
+            gone = done | self._unreferenced_since.keys()
+            chosen = choose_wal_objects([o for o in wal if o.object_id not in gone], now,
+                                        self.settings)
+            if not await self._pass(chosen, stats):
+                break
+            done.update(o.object_id for o in chosen)
         await self._collect_garbage(stats)
         return stats
+
+    async def _pass(self, chosen: list[ObjectRow], stats: CompactionStats) -> bool:
+        """Compacts the chosen WAL objects' chunks of the streams this store serves; False
+        when there was nothing to compact."""
+        if not chosen:
+            return False
+        # only the streams this store serves (with several writers on one metadata
+        # database, each compacts its own; the swap is guarded by `store.guards`)
+        meta = self.store.meta
+        chunks = [c for c in await meta.chunks_of_objects([o.object_id for o in chosen])
+                  if c.stream_id in self.store.streams]
+        mine = {c.object_id for c in chunks}
+        plan = plan_compaction([o for o in chosen if o.object_id in mine], chunks, self.settings)
+        await self._execute(plan, stats)
+        return bool(plan.stream_objects)
 
     async def _execute(self, plan: CompactionPlan, stats: CompactionStats) -> None:
         if not plan.stream_objects:
@@ -170,7 +194,10 @@ class Compactor:
                     sp.stream_id,
                     g[0].base_offset,
                     g[-1].last_offset,
-                    b"".join(blobs[c.object_id][c.position : c.position + c.length] for c in g),
+                    b"".join(
+                        memoryview(blobs[c.object_id])[c.position : c.position + c.length]
+                        for c in g
+                    ),
                 )
                 for g in groups
             ]

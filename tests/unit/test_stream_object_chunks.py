@@ -117,3 +117,54 @@ async def test_a_small_read_after_compaction_downloads_about_one_chunk(
     finally:
         await log.close()
         await meta.close()
+
+
+class PassCounting(Counting):
+    """Also notes the bytes downloaded before each PUT since the previous one (what a
+    compaction pass read before writing its stream objects)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.read_between_puts: list[int] = []
+        self._mark = 0
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        if key.startswith("stream/"):
+            self.read_between_puts.append(self.downloaded - self._mark)
+            self._mark = self.downloaded
+        await self.inner.put(key, data)
+
+
+async def test_a_run_compacts_every_old_wal_object_in_passes_within_the_budget(
+    counting: Counting, tmp_path: Path
+) -> None:
+    """What must hold: one run compacts all the WAL objects old enough (not just the first
+    max_bytes_per_run of them, which made compaction fall behind a steady producer), each
+    pass reading at most max_bytes_per_run before it writes, and every record survives."""
+    store = PassCounting(counting.inner)
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    streams = await meta.create_streams(2)
+    log = LogStore(store, meta, WalSettings(flush_interval_ms=1, cache_max_bytes=0))
+    await log.open(streams, [])
+    objects, size = 32, 16 * KiB
+    try:
+        for i in range(objects):  # one WAL object each, both streams in it
+            futs = [log.append(s.stream_id, 10, i, lambda b, i=i: bytes([i]) * (size // 2))[1]
+                    for s in streams]
+            await asyncio.wait_for(asyncio.gather(*futs), 10)
+        budget = 4 * size + 1024  # about 4 WAL objects (16 KiB of chunks + their index)
+        settings = CompactionSettings(min_age_ms=0, max_bytes_per_run=budget, gc_delay_ms=0)
+        stats = await Compactor(log, settings).run_once()
+        assert stats.wal_objects == objects, stats
+        assert await meta.objects("wal") == []
+        assert len(store.read_between_puts) >= objects // 4
+        assert max(store.read_between_puts) <= budget, store.read_between_puts
+        for s in streams:
+            got = await log.read(s.stream_id, 0, 1 << 30)
+            assert b"".join(d for _b, d in got) == b"".join(
+                bytes([i]) * (size // 2) for i in range(objects))
+            assert got[0][0] == 0
+    finally:
+        await log.close()
+        await meta.close()
