@@ -26,6 +26,7 @@ from broker.handlers import BrokerContext
 from broker.handlers.base import REGISTRY
 from broker.health import Health
 from broker.logcleaner import CleanerStats
+from broker.memtrim import MemoryTrimmer, limit_arenas, malloc_trim
 from broker.metadata.tablestate import TableStates
 from broker.metadata.tablework import TableWork
 from broker.metrics import BrokerMetrics, Sources
@@ -203,6 +204,17 @@ async def _run_null_broker(settings: Settings, stop: asyncio.Event) -> None:
         await storage.close()
 
 
+def _memory_trimmer(settings: Settings, metrics: BrokerMetrics) -> list[asyncio.Task[None]]:
+    """memory.trim.interval.ms (broker/memtrim.py): its task, counted in metrics; none when
+    off or where the C library has no malloc_trim (the CLI refuses a value set there)."""
+    trim = malloc_trim() if settings.memory_trim_interval_ms else None
+    if trim is None:
+        return []
+    trimmer = MemoryTrimmer(settings.memory_trim_interval_ms, trim)
+    metrics.register(trimmer)
+    return [asyncio.create_task(trimmer.run(), name="memory-trim")]
+
+
 def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool], None]:
     """The metrics counter of an engine maintenance job (compaction, log cleaner; others
     are not counted)."""
@@ -218,6 +230,7 @@ def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool
 
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
+    limit_arenas()  # before the worker threads: see broker/memtrim.py
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -301,6 +314,7 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     tables.schemas = source  # by_schema_id table topics fetch writer schemas from it
     background = [
         asyncio.create_task(tables.run(), name="table-topics"),
+        *_memory_trimmer(settings, metrics),
         asyncio.create_task(health.run(), name="health"),
         asyncio.create_task(leases.run(), name="broker-leases"),
     ]

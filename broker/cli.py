@@ -211,6 +211,18 @@ def _broker(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"floe: {e}", file=sys.stderr)
         return 2
+    if settings.memory_trim_interval_ms and settings.sources.get("memory.trim.interval.ms") != (
+        "default"
+    ):
+        from broker.memtrim import malloc_trim
+
+        if malloc_trim() is None:
+            print(
+                "floe: memory.trim.interval.ms: this C library has no malloc_trim (glibc only);"
+                " set it to 0",
+                file=sys.stderr,
+            )
+            return 2
     if args.print_settings:
         for key, value, source in settings.describe():
             print(f"{key} = {value}    ({source}; env {env_name(key)})")

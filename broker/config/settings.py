@@ -143,8 +143,21 @@ _DEFS = [
     ),
     ConfigDef("wal.flush.interval.ms", "double", "5", check=lambda v: v >= 0),
     ConfigDef("wal.flush.max.bytes", "int", str(8 * 1024 * 1024), check=positive),
-    ConfigDef("cache.max.bytes", "long", str(256 * 1024 * 1024), check=nonneg),
+    ConfigDef(
+        "cache.max.bytes",
+        "long",
+        str(64 * 1024 * 1024),
+        "the chunk cache (recent writes, reads; read-ahead within a quarter of it)",
+        nonneg,
+    ),
     ConfigDef("cache.readahead.bytes", "long", str(4 * 1024 * 1024), check=nonneg),
+    ConfigDef(
+        "memory.trim.interval.ms",
+        "int",
+        "250",
+        "how often freed heap memory is given back to the system (glibc malloc_trim); 0: never",
+        nonneg,
+    ),
     ConfigDef("fetch.max.wait.cap.ms", "int", "30000", check=nonneg),
     ConfigDef("group.initial.rebalance.delay.ms", "int", "300", check=nonneg),
     ConfigDef(
@@ -155,7 +168,14 @@ _DEFS = [
         positive,
     ),
     ConfigDef("compaction.min.age.ms", "int", "10000", "WAL objects younger stay", nonneg),
-    ConfigDef("compaction.max.bytes", "long", str(256 * 1024 * 1024), check=positive),
+    ConfigDef(
+        "compaction.max.bytes",
+        "long",
+        str(64 * 1024 * 1024),
+        "WAL object bytes one compaction pass reads and holds in memory (a run makes as many"
+        " passes as the WAL objects old enough need)",
+        positive,
+    ),
     ConfigDef("stream.object.max.bytes", "long", str(64 * 1024 * 1024), check=positive),
     ConfigDef("stream.chunk.max.bytes", "long", str(1024 * 1024), check=positive),
     ConfigDef("objects.gc.delay.ms", "int", "30000", "unreferenced objects live this long", nonneg),
@@ -229,6 +249,7 @@ class Settings:
     wal_flush_max_bytes: int
     cache_max_bytes: int
     cache_readahead_bytes: int
+    memory_trim_interval_ms: int
     fetch_max_wait_cap_ms: int
     group_initial_rebalance_delay_ms: int
     compaction_interval_ms: int

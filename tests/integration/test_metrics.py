@@ -202,3 +202,28 @@ def test_table_status_and_metrics_with_no_flags_on_the_default_admin_port(
     r = subprocess.run([sys.executable, "-m", "broker.cli", "table", "status"],
                        capture_output=True, text=True, timeout=30, cwd=ROOT, env=env)
     assert r.returncode == 1 and "127.0.0.1:9644" in r.stderr
+
+
+@pytest.mark.parametrize("interval_ms", ["100", "0"])
+def test_memory_trim_interval_is_wired_into_the_broker(tmp_path: Path, interval_ms: str) -> None:
+    """memory.trim.interval.ms (broker/memtrim.py): a broker started with it trims on that
+    interval (counted in /metrics); 0 turns the trimmer off (no such series)."""
+    from tests.brokerproc import running_broker
+
+    with running_broker(tmp_path / "d", "--set", f"memory.trim.interval.ms={interval_ms}") as b:
+        admin = b.admin_address()
+        deadline = time.monotonic() + 10
+        runs = 0.0
+        if interval_ms == "0":
+            time.sleep(0.5)  # a trimmer at 100 ms would have run by now
+        while interval_ms != "0" and time.monotonic() < deadline:
+            runs = total(scrape(admin), "floe_memory_trim_runs_total")
+            if runs >= 3:
+                break
+            time.sleep(0.1)
+        samples = scrape(admin)
+    if interval_ms == "0":
+        assert not any(n.startswith("floe_memory_trim") for n, _l in samples)
+    else:
+        assert runs >= 3
+        assert any(n == "floe_memory_trim_seconds_total" for n, _l in samples)

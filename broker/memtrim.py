@@ -1,0 +1,102 @@
+"""Giving the heap's free pages back to the operating system (`memory.trim.interval.ms`).
+
+The broker's large buffers (WAL appends, cached chunks, fetch responses) are allocated and
+freed all the time. glibc's malloc serves blocks of that size from the heap once a large
+block has been freed (its mmap threshold grows to the largest freed block, up to 32 MiB), and
+free pages inside the heap stay in the process: after a gigabyte produced and read back a
+broker held 779 MiB of which ~340 MiB were free heap pages (benchmarks/README.md).
+`malloc_trim(0)` hands every whole free page back (madvise), in every arena.
+
+It runs every `memory.trim.interval.ms` in a worker thread: ctypes releases the GIL around
+the call, so the event loop goes on (it only waits for an arena's lock should it allocate
+from the arena being trimmed). 0 turns it off. On a C library without malloc_trim (musl,
+macOS) a value set by the operator is refused at start; the default then does nothing.
+
+`limit_arenas` caps glibc at ARENAS malloc arenas (unless MALLOC_ARENA_MAX is set): by
+default each thread that allocates (object-store reads and fsyncs in worker threads, the
+metadata store's thread) may get an arena of its own (up to 8 per core), each keeping its own
+freed pages; the threads here hold the GIL while they allocate, so they gain nothing from
+separate arenas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+ARENAS = 2
+M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def limit_arenas(n: int = ARENAS) -> bool:
+    """mallopt(M_ARENA_MAX, n), before the broker starts its threads; False where there is
+    no glibc mallopt or MALLOC_ARENA_MAX already decides."""
+    libc = _libc()
+    if libc is None or "MALLOC_ARENA_MAX" in os.environ or not hasattr(libc, "mallopt"):
+        return False
+    fn = libc.mallopt
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return bool(fn(M_ARENA_MAX, n))
+
+
+def malloc_trim() -> Callable[[], bool] | None:
+    """glibc's malloc_trim(0) (True: memory was released), or None where there is none."""
+    libc = _libc()
+    fn = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return lambda: bool(fn(0))
+
+
+class MemoryTrimmer(Collector):
+    """Calls `trim` every `interval_ms` off the event loop; counts runs and their time."""
+
+    def __init__(self, interval_ms: int, trim: Callable[[], bool]) -> None:
+        self.interval_ms = interval_ms
+        self.trim = trim
+        self.runs = 0
+        self.released = 0  # runs that gave memory back
+        self.seconds = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_ms / 1000)
+            began = time.perf_counter()
+            released = await asyncio.to_thread(self.trim)
+            self.seconds += time.perf_counter() - began
+            self.runs += 1
+            self.released += released
+
+    def collect(self) -> Iterator[Metric]:
+        runs = CounterMetricFamily(
+            "floe_memory_trim_runs",
+            "malloc_trim calls (memory.trim.interval.ms), by whether memory was released",
+            labels=["released"],
+        )
+        runs.add_metric(["true"], self.released)
+        runs.add_metric(["false"], self.runs - self.released)
+        yield runs
+        yield CounterMetricFamily(
+            "floe_memory_trim_seconds", "time spent in malloc_trim", value=self.seconds
+        )
