@@ -59,6 +59,7 @@ def build_storage(settings: Settings) -> Storage:
     wal = WalSettings(
         flush_interval_ms=settings.wal_flush_interval_ms,
         flush_max_bytes=settings.wal_flush_max_bytes,
+        max_inflight_flushes=settings.wal_max_inflight_flushes,
         cache_max_bytes=settings.cache_max_bytes,
         readahead_bytes=settings.cache_readahead_bytes,
     )

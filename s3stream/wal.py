@@ -3,11 +3,17 @@
 Contract (what the broker relies on):
 - `append` is synchronous: it assigns the next offsets of the stream immediately, in call order,
   and returns a future that resolves to the base offset once the bytes are in a durable object
-  AND the metadata commit that makes them part of the stream has succeeded (`_flush`).
+  AND the metadata commit that makes them part of the stream has succeeded (`_commit`).
 - Only then does the stream's end offset move, so readers never see undurable data.
-- If a flush fails for good, every pending append of the affected streams fails with
-  `StreamWriteError` and those streams' next offset goes back to their durable end offset
-  (`_fail`): an offset is never handed out twice (AutoMQ #3033 is the bug not to have).
+- Up to `max_inflight_flushes` WAL objects are uploaded at once, but their metadata commits
+  happen one at a time in the order the objects were cut (`_run_flush`): end offsets move
+  forward contiguously and futures resolve in log order; an ack never overtakes an earlier
+  flush.
+- If a flush fails for good, every not yet durable append of the affected streams (in that
+  flush, in later flushes still in flight, and pending) fails with `StreamWriteError` and those
+  streams' next offset goes back to their durable end offset (`_fail`): an offset is never
+  handed out twice (AutoMQ #3033 is the bug not to have). A chunk is committed only if it
+  starts exactly at its stream's end offset (`_committable`).
 - Listeners see producer bookkeeping synchronously: `on_durable` for every idempotent append
   the moment it is committed, `on_failed` with the streams whose appends failed, before any
   future of theirs resolves (nothing can be checked against a stale view in between).
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +60,15 @@ class WalSettings:
     flush_max_bytes: int = 8 * 1024 * 1024
     cache_max_bytes: int = 256 * 1024 * 1024
     readahead_bytes: int = 4 * 1024 * 1024
+    # WAL objects between their cut and the end of their commit at once (uploading, or
+    # uploaded and waiting for the commit of the one before): 1 is one flush at a time
+    max_inflight_flushes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_inflight_flushes < 1:
+            raise ValueError(
+                f"max_inflight_flushes must be at least 1, got {self.max_inflight_flushes}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +96,30 @@ class _Pending:
 
 
 Carried = tuple[int, ProducerBatch, int, int]
+StreamPart = tuple[int, int, int, bytes | bytearray]  # stream id, base, last offset, bytes
+
+
+@dataclass(slots=True, eq=False)
+class _Flush:
+    """The appends of one cut, from the cut until the end of its commit turn."""
+
+    batch: list[_Pending]  # every append cut, in append order
+    nbytes: int
+    began: float
+    served: list[_Pending]  # what goes into its object: the appends to streams still served
+    guards: Sequence[CommitAttachment] = ()  # taken when its upload starts
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Object:
+    """A WAL object uploaded (durable), not yet committed."""
+
+    object_id: int
+    key: str
+    size: int
+    rows: list[ChunkRow]
+    parts: list[StreamPart]  # the per-stream bytes, what the cache keeps once committed
+    batch: list[_Pending]  # the appends in it
 
 
 class WalMixin(IndexMixin):
@@ -108,6 +148,9 @@ class WalMixin(IndexMixin):
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._ids: list[int] = []
+        self._ids_lock = asyncio.Lock()  # first come, first served: ids in the order asked
+        # flushes cut and not yet at their commit turn, oldest first
+        self._flushing: deque[_Flush] = deque()
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -143,44 +186,147 @@ class WalMixin(IndexMixin):
         return base, fut
 
     async def _flush_loop(self) -> None:
+        """Cut the pending appends into flushes, each uploaded at once by its own task (at
+        most `max_inflight_flushes` between cut and commit); each task commits only after the
+        one cut before it has committed or failed, so the last one done means all are done."""
         interval = self.settings.flush_interval_ms / 1000
+        slots = asyncio.Semaphore(self.settings.max_inflight_flushes)
+        last: asyncio.Task[None] | None = None
         while True:
             await self._wake.wait()
             if not self._pending:
                 self._wake.clear()
                 if self._closed:
-                    return
+                    break
                 continue
             # group commit: wait until the oldest pending append has waited `interval` (appends
-            # that arrived during the previous flush have already waited) or the buffer is full
+            # that arrived during earlier flushes have already waited) or the buffer is full
             wait = self._first_pending_at + interval - time.monotonic()
             full = self._pending_bytes >= self.settings.flush_max_bytes
             if wait > 0 and not self._closed and not full:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), wait)
-            nbytes = self._pending_bytes
-            batch, self._pending, self._pending_bytes = self._pending, [], 0
+            await slots.acquire()  # appends keep arriving meanwhile: a bigger object
+            if not self._pending:  # a failed flush took them while we waited
+                slots.release()
+                continue
+            # the cut and its registration as in flight: no await in between (see `_fail`)
+            batch, nbytes = self._pending, self._pending_bytes
+            self._pending, self._pending_bytes = [], 0
             self._full.clear()
-            began = time.monotonic()
+            served = [p for p in batch if self.streams.get(p.stream.stream_id) is p.stream]
+            flush = _Flush(batch, nbytes, time.monotonic(), served)
+            self._flushing.append(flush)
+            last = asyncio.create_task(self._run_flush(flush, last, slots), name="wal-flush")
+        if last is not None:  # close: drain every flush in flight
+            await asyncio.wait([last])
+
+    async def _run_flush(
+        self, f: _Flush, prev: asyncio.Task[None] | None, slots: asyncio.Semaphore
+    ) -> None:
+        """Upload the flush's object now, alongside earlier flushes still in flight; commit it
+        at its turn, once the flush before has committed or failed. Never raises."""
+        try:
+            uploaded: _Object | Exception | None = None
             try:
-                committed = await self._flush(batch)
+                if f.served:
+                    sids = {p.stream.stream_id for p in f.served}
+                    f.guards = self.guards(sids) if self.guards else ()
+                    # tasks start in the order flushes are cut, so object ids grow with it
+                    uploaded = await self._upload(await self._object_id(), f.served)
+            except Exception as e:  # acted on at the commit turn (see `_settle`)
+                uploaded = e
+            if prev is not None:
+                await asyncio.wait([prev])  # returns, never raises, once prev is done
+            # the commit turn: every flush cut before this one has committed or failed, so
+            # each stream's end offset covers everything durable before this flush's appends
+            self._flushing.remove(f)  # the oldest: `_fail` sees only the flushes after it
+            try:
+                committed = await self._settle(f, uploaded)
             except Exception as e:
-                log.error("WAL flush of %d appends failed: %r", len(batch), e)
+                log.error("WAL flush of %d appends failed: %r", len(f.batch), e)
                 self.stats.wal_flush_failures += 1
-                self._fail(batch, e)
+                self._fail(f.batch, e)
             else:
-                if not committed:  # every append was fenced: no object became part of a log
+                if not committed:  # every append had failed: no object became part of a log
                     self.stats.wal_flush_failures += 1
-                    continue
-                self.stats.wal_flushes += 1
-                self.stats.wal_flush_seconds.observe(time.monotonic() - began)
-                self.stats.wal_flush_bytes.observe(nbytes)
+                    return
+                self.stats.wal_flushes += 1  # latency: from the cut until committed, as before
+                self.stats.wal_flush_seconds.observe(time.monotonic() - f.began)
+                self.stats.wal_flush_bytes.observe(f.nbytes)
+        finally:
+            slots.release()
+
+    async def _settle(self, f: _Flush, uploaded: _Object | Exception | None) -> bool:
+        """The commit turn of `f`: commit what of it may still be committed (False when
+        nothing may); raises what fails all of it.
+
+        When appends of the uploaded object may no longer be committed (a flush before failed
+        them, their stream changed owner or does not continue from them), the rest goes into
+        a new object. An object uploaded and never committed has no row in the metadata
+        store (`commit_object` inserts it with its chunks, in one transaction): nothing reads
+        it, and the GC, which deletes only objects that have a row and no chunk
+        (`unreferenced_objects`, s3stream/metadata/maintenance.py), leaves it alone, as it
+        does an object whose commit failed."""
+        # appends to a stream dropped (or dropped and taken again) since: not this era's
+        stale = [p for p in f.batch if self.streams.get(p.stream.stream_id) is not p.stream]
+        if stale:
+            self._fail(stale, StreamFencedError("the stream changed owner"))
+        if isinstance(uploaded, Exception):
+            raise uploaded
+        batch = self._committable(f.batch)
+        if not batch:
+            return False
+        try:
+            if uploaded is not None and _same(batch, uploaded.batch):
+                await self._commit(uploaded, f.guards)
+            else:
+                await self._flush_guarded(batch, f.guards)
+        except StreamsFencedError as e:  # commit the others' appends; fail the fenced ones
+            log.warning("WAL commit refused for streams %s: %s", sorted(e.stream_ids), e)
+            self._fail([p for p in batch if p.stream.stream_id in e.stream_ids], e)
+            rest = [p for p in batch if p.stream.stream_id not in e.stream_ids]
+            if not rest:
+                return False
+            await self._flush_guarded(rest, f.guards)
+        return True
+
+    def _committable(self, batch: list[_Pending]) -> list[_Pending]:
+        """The appends of `batch` not failed yet whose stream's run in it starts exactly at
+        the stream's end offset and has no gap; the others fail (with what follows them).
+        At a commit turn anything else follows offsets that will never be committed."""
+        runs: dict[int, list[_Pending]] = {}
+        for p in batch:
+            if not p.future.done():
+                runs.setdefault(p.stream.stream_id, []).append(p)
+        for sid, run in runs.items():
+            expected = run[0].stream.end_offset
+            for p in run:
+                if p.base_offset != expected:
+                    end = run[0].stream.end_offset
+                    err = f"stream {sid}: append at {p.base_offset}, {expected} due (end {end})"
+                    self._fail(run, StreamWriteError(err))
+                    break
+                expected = p.last_offset + 1
+        return [p for p in batch if not p.future.done()]
 
     def _fail(self, batch: list[_Pending], err: Exception) -> None:
-        """Fail the batch and every later pending append of the same streams; rewind them
-        (with StreamFencedError when `err` is one: the stream is no longer this writer's)."""
+        """Fail the batch's appends not done yet, and every later one of the same streams (in
+        flushes in flight, not at their commit turn yet, and pending); rewind the streams
+        (with StreamFencedError when `err` is one: the stream is no longer this writer's).
+        Called only at a commit turn: the streams' end offsets cover every earlier flush."""
+        # one failed already rewound its stream then: appends since continue from there
+        batch = [p for p in batch if not p.future.done()]
+        if not batch:
+            return
         streams = {p.stream.stream_id for p in batch}
-        later = [p for p in self._pending if p.stream.stream_id in streams]
+        later = [
+            p
+            for f in self._flushing
+            for p in f.batch
+            if p.stream.stream_id in streams and not p.future.done()
+        ]  # they stay in their flush, which drops them at its commit turn (`_committable`)
+        later += [p for p in self._pending if p.stream.stream_id in streams]
         self._pending = [p for p in self._pending if p.stream.stream_id not in streams]
         self._pending_bytes = sum(len(p.data) for p in self._pending)
         for p in batch + later:
@@ -194,43 +340,27 @@ class WalMixin(IndexMixin):
                 p.future.set_exception(cls(f"not made durable: {err!r}"))
 
     async def _object_id(self) -> int:
-        if not self._ids:
-            first = await self.meta.reserve_object_ids(64)
-            self._ids = list(range(first + 63, first - 1, -1))
-        return self._ids.pop()
-
-    async def _flush(self, batch: list[_Pending]) -> bool:
-        """Write and commit the batch; False when every append in it was fenced."""
-        # appends to a stream dropped (or dropped and taken again) since: not this era's
-        stale = [p for p in batch if self.streams.get(p.stream.stream_id) is not p.stream]
-        if stale:
-            self._fail(stale, StreamFencedError("the stream changed owner"))
-            batch = [p for p in batch if self.streams.get(p.stream.stream_id) is p.stream]
-            if not batch:
-                return False
-        guards = self.guards({p.stream.stream_id for p in batch}) if self.guards else ()
-        try:
-            await self._flush_guarded(batch, guards)
-        except StreamsFencedError as e:  # commit the others' appends; fail the fenced ones
-            log.warning("WAL commit refused for streams %s: %s", sorted(e.stream_ids), e)
-            self._fail([p for p in batch if p.stream.stream_id in e.stream_ids], e)
-            rest = [p for p in batch if p.stream.stream_id not in e.stream_ids]
-            if not rest:
-                return False
-            await self._flush_guarded(rest, guards)
-        return True
+        async with self._ids_lock:
+            if not self._ids:
+                first = await self.meta.reserve_object_ids(64)
+                self._ids = list(range(first + 63, first - 1, -1))
+            return self._ids.pop()
 
     async def _flush_guarded(
         self, batch: list[_Pending], guards: Sequence[CommitAttachment]
     ) -> None:
+        """Write the batch into a new object and commit it (at a commit turn)."""
+        await self._commit(await self._upload(await self._object_id(), batch), guards)
+
+    async def _upload(self, object_id: int, batch: list[_Pending]) -> _Object:
+        """Write the batch's appends, a chunk per stream, into WAL object `object_id`."""
         groups: dict[int, list[_Pending]] = {}
         for p in batch:
             groups.setdefault(p.stream.stream_id, []).append(p)
-        parts = []
+        parts: list[StreamPart] = []
         for sid, ps in groups.items():
             data = ps[0].data if len(ps) == 1 else b"".join(p.data for p in ps)
             parts.append((sid, ps[0].base_offset, ps[-1].last_offset, data))
-        object_id = await self._object_id()
         key = f"wal/{object_id:016d}"
         # the object as parts, written without joining them where the store can (a local
         # directory: one writev); the per-stream bytes above are what the cache keeps
@@ -249,6 +379,12 @@ class WalMixin(IndexMixin):
             )
             for e in entries
         ]
+        return _Object(object_id, key, size, rows, parts, batch)
+
+    async def _commit(self, obj: _Object, guards: Sequence[CommitAttachment]) -> None:
+        """Make an uploaded object part of its streams (at a commit turn): the metadata
+        commit, then the index, the cache, the producers' bookkeeping and the futures."""
+        batch = obj.batch
         carried = [
             (p.stream.stream_id, p.producer, p.base_offset, p.last_offset)
             for p in batch
@@ -256,20 +392,22 @@ class WalMixin(IndexMixin):
         ]
         attachments = self.commit_attachments(carried) if self.commit_attachments else ()
         attachments = [*attachments, *guards]
-        live = await self.meta.commit_object(object_id, key, size, rows, attachments)
-        self._object_keys[object_id] = key
+        live = await self.meta.commit_object(
+            obj.object_id, obj.key, obj.size, obj.rows, attachments
+        )
+        self._object_keys[obj.object_id] = obj.key
         self.flushes += 1
         # durable and committed: only now do the streams' end offsets move and futures resolve
-        for row, (_sid, _b, _l, data) in zip(rows, parts, strict=True):
+        for row, (_sid, _b, _l, data) in zip(obj.rows, obj.parts, strict=True):
             st = self.streams.get(row.stream_id)
             if row.stream_id not in live or st is None:
                 continue
-            self._object_chunks.setdefault(object_id, set()).add((row.position, row.length))
+            self._object_chunks.setdefault(obj.object_id, set()).add((row.position, row.length))
             st.add_chunk(
                 Chunk(
                     row.base_offset,
                     row.last_offset,
-                    object_id,
+                    obj.object_id,
                     row.position,
                     row.length,
                     row.max_timestamp,
@@ -277,7 +415,7 @@ class WalMixin(IndexMixin):
             )
             st.end_offset = row.last_offset + 1
             st.commits.append((st.end_offset, time.time()))
-            self.cache.put((object_id, row.position), data)
+            self.cache.put((obj.object_id, row.position), data)
             wake_readers(st)
         for p in batch:
             if p.producer is not None and p.stream.stream_id in live and self.on_durable:
@@ -289,3 +427,7 @@ class WalMixin(IndexMixin):
                 p.future.set_result(p.base_offset)
             else:
                 p.future.set_exception(UnknownStreamError(p.stream.stream_id))
+
+
+def _same(a: list[_Pending], b: list[_Pending]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -50,6 +50,14 @@ def check_replica_selector(value: str) -> bool:
     return True
 
 
+def check_inflight_flushes(value: int) -> bool:
+    if value < 1:
+        raise ConfigError(
+            f"wal.max.inflight.flushes: at least 1 (1: one WAL upload at a time), got {value}"
+        )
+    return True
+
+
 _DEFS = [
     ConfigDef("listen", "string", "127.0.0.1:9092", "HOST:PORT to listen on (port 0: any)"),
     ConfigDef("advertised", "string", None, "HOST:PORT clients are told (default: listen)"),
@@ -143,6 +151,13 @@ _DEFS = [
     ),
     ConfigDef("wal.flush.interval.ms", "double", "5", check=lambda v: v >= 0),
     ConfigDef("wal.flush.max.bytes", "int", str(8 * 1024 * 1024), check=positive),
+    ConfigDef(
+        "wal.max.inflight.flushes",
+        "int",
+        "4",
+        "WAL objects uploaded at once (committed one at a time, in order); at least 1",
+        check_inflight_flushes,
+    ),
     ConfigDef(
         "cache.max.bytes",
         "long",
@@ -247,6 +262,7 @@ class Settings:
     log_cleaner_dedupe_buffer_size: int
     wal_flush_interval_ms: float
     wal_flush_max_bytes: int
+    wal_max_inflight_flushes: int
     cache_max_bytes: int
     cache_readahead_bytes: int
     memory_trim_interval_ms: int

@@ -1,0 +1,232 @@
+"""Pipelined WAL flushes (`wal.max.inflight.flushes`), on memory://, file:// and s3:// (moto).
+
+What must hold: several WAL objects upload at once, but their metadata commits happen in the
+order they were cut, so an ack never overtakes an earlier flush; when an upload fails, every
+later append of its streams (in flushes already uploading, or pending) fails too and the
+stream rewinds, so a retry gets the same offsets (no gap, no reuse), while other streams'
+appends in those later flushes still commit; close waits for every flush in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from broker.config import ConfigError, load_settings
+from s3stream.log import LogStore, StreamWriteError, WalSettings
+from s3stream.metadata import SqliteMetadataStore
+from s3stream.objectstore import Buffer, ObjectStore, open_object_store, put_parts
+from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, broker_on_s3
+
+WAIT = 5.0  # seconds any awaited step may take
+
+
+class Gated:
+    """An object store whose WAL puts (numbered from 0 in the order they start) can be held
+    until released, and made to fail; it records when each starts and ends."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.held: dict[int, asyncio.Event] = {}
+        self.failing: set[int] = set()
+        self.events: list[str] = []  # "start 0", "end 0", "fail 0", ...
+        self.changed = asyncio.Event()
+
+    def hold(self, *puts: int) -> None:
+        for i in puts:
+            self.held[i] = asyncio.Event()
+
+    def release(self, i: int, fail: bool = False) -> None:
+        if fail:
+            self.failing.add(i)
+        self.held[i].set()
+
+    async def seen(self, event: str) -> None:
+        """Wait until `event` (e.g. "start 1") has happened."""
+
+        async def wait() -> None:
+            while event not in self.events:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(wait(), WAIT)
+
+    def _note(self, event: str) -> None:
+        self.events.append(event)
+        self.changed.set()
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> None:
+        if not key.startswith("wal/"):
+            await put_parts(self.inner, key, parts)
+            return
+        i = sum(e.startswith("start") for e in self.events)
+        self._note(f"start {i}")
+        if i in self.held:
+            await self.held[i].wait()
+        if i in self.failing:
+            self._note(f"fail {i}")
+            raise OSError(f"injected: WAL put {i} failed")
+        await put_parts(self.inner, key, parts)
+        self._note(f"end {i}")
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await self.put_parts(key, [data])
+
+    async def get(self, key: str) -> bytes:
+        return await self.inner.get(key)
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        return await self.inner.get_range(key, start, length)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def list(self, prefix: str) -> list[str]:
+        return await self.inner.list(prefix)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def object_store_url(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    if request.param == "memory":
+        yield "memory://"
+    elif request.param == "file":
+        yield (tmp_path / "objects").as_uri()
+    else:
+        args, _env = broker_on_s3(request.getfixturevalue("s3_server"), "walpipe")
+        for k, v in TEST_AWS_ENV.items():
+            monkeypatch.setenv(k, v)
+        for k in UNSET_AWS_ENV:
+            monkeypatch.delenv(k, raising=False)
+        yield args[1]
+
+
+Env = tuple[LogStore, Gated, SqliteMetadataStore, list[int]]
+
+
+@pytest.fixture
+async def env(object_store_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+    """A log of two streams whose WAL puts go through `Gated`, up to 4 flushes in flight."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    streams = await meta.create_streams(2)
+    store = Gated(open_object_store(object_store_url))
+    log = LogStore(store, meta, WalSettings(flush_interval_ms=1, max_inflight_flushes=4))
+    await log.open(streams, [])
+    yield log, store, meta, [s.stream_id for s in streams]
+    for ev in store.held.values():  # never leave a flush hanging
+        ev.set()
+    await log.close()
+    await store.close()
+    await meta.close()
+
+
+def data(tag: str) -> Callable[[int], bytes]:
+    return lambda base: f"{tag}@{base}".encode()
+
+
+async def outcome(fut: asyncio.Future[int]) -> int | str:
+    try:
+        return await asyncio.wait_for(fut, WAIT)
+    except StreamWriteError:
+        return "failed"
+
+
+async def test_uploads_overlap(env: Env) -> None:
+    log, store, _meta, (a, b) = env
+    store.hold(0)
+    _, first = log.append(a, 1, 0, data("a1"))
+    await store.seen("start 0")
+    _, second = log.append(b, 1, 0, data("b1"))
+    await store.seen("start 1")  # while put 0 is still held: one flush at a time never gets here
+    assert "end 0" not in store.events
+    store.release(0)
+    assert [await outcome(first), await outcome(second)] == [0, 0]
+
+
+async def test_a_later_flush_is_not_acknowledged_before_an_earlier_commit(env: Env) -> None:
+    log, store, meta, (a, b) = env
+    store.hold(0)
+    _, first = log.append(a, 2, 0, data("a1"))
+    await store.seen("start 0")
+    _, second = log.append(a, 1, 0, data("a2"))
+    _, other = log.append(b, 1, 0, data("b1"))  # another stream: still after flush 0
+    await store.seen("end 1")  # the later object is durable ...
+    await asyncio.sleep(0.05)
+    assert not second.done() and not other.done(), "acknowledged before the earlier flush"
+    assert log.stream(a).end_offset == 0 and log.stream(b).end_offset == 0
+    streams, _chunks = await meta.load()
+    assert {s.end_offset for s in streams} == {0}, "committed before the earlier flush"
+    resolved: list[str] = []
+    for name, fut in (("first", first), ("second", second), ("other", other)):
+        fut.add_done_callback(lambda _f, name=name: resolved.append(name))
+    store.release(0)
+    assert [await outcome(f) for f in (first, second, other)] == [0, 2, 0]
+    assert resolved == ["first", "second", "other"]
+    assert [c[0] for c in await log.read(a, 0, 1 << 20)] == [0, 2]
+
+
+async def test_a_failed_upload_fails_later_appends_of_its_stream_only(env: Env) -> None:
+    log, store, meta, (a, b) = env
+    failed_streams: list[set[int]] = []
+    log.on_failed = failed_streams.append
+    store.hold(0)
+    _, a1 = log.append(a, 2, 0, data("a1"))  # offsets 0-1, in put 0
+    await store.seen("start 0")
+    _, a2 = log.append(a, 1, 0, data("a2"))  # offset 2, in put 1 (in flight)
+    _, b1 = log.append(b, 1, 0, data("b1"))
+    await store.seen("end 1")  # uploaded, waiting for its commit turn
+    base, a3 = log.append(a, 1, 0, data("a3"))  # offset 3: pending or in put 2
+    assert base == 3
+    store.release(0, fail=True)
+    assert [await outcome(f) for f in (a1, a2, a3)] == ["failed"] * 3
+    assert await outcome(b1) == 0, "another stream's append in a later flush must commit"
+    assert failed_streams and set().union(*failed_streams) == {a}
+    st = log.stream(a)
+    assert st.end_offset == 0 and st.next_offset == 0  # rewound to what is durable
+    base, retry = log.append(a, 2, 0, data("retry"))
+    assert base == 0 and await outcome(retry) == 0  # the same offsets again
+    assert await log.read(a, 0, 1 << 20) == [(0, b"retry@0")]  # no gap, nothing reused
+    assert await log.read(b, 0, 1 << 20) == [(0, b"b1@0")]
+    streams, chunks = await meta.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 2, b: 1}
+    assert sorted((c.stream_id, c.base_offset, c.last_offset) for c in chunks) == [
+        (a, 0, 1),
+        (b, 0, 0),
+    ]
+
+
+async def test_close_drains_flushes_in_flight(env: Env) -> None:
+    log, store, meta, (a, b) = env
+    store.hold(0, 1)
+    _, first = log.append(a, 1, 0, data("a1"))
+    await store.seen("start 0")
+    _, second = log.append(b, 1, 0, data("b1"))
+    await store.seen("start 1")
+    closing = asyncio.create_task(log.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done(), "closed with flushes in flight"
+    with pytest.raises(StreamWriteError):
+        log.append(a, 1, 0, data("late"))
+    store.release(1)
+    store.release(0)
+    await asyncio.wait_for(closing, WAIT)
+    assert first.result() == 0 and second.result() == 0
+    streams, _chunks = await meta.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 1, b: 1}
+
+
+def test_max_inflight_flushes_must_be_at_least_one(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        WalSettings(max_inflight_flushes=0)
+    with pytest.raises(ConfigError, match=r"wal\.max\.inflight\.flushes: at least 1.*got 0"):
+        load_settings({"data.dir": str(tmp_path), "wal.max.inflight.flushes": "0"}, environ={})
+    flags = {"data.dir": str(tmp_path), "wal.max.inflight.flushes": "2"}
+    assert load_settings(flags, environ={}).wal_max_inflight_flushes == 2
