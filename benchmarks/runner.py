@@ -275,6 +275,9 @@ class Run:
             return
         finally:
             system.stop()
+            if system.peak_rss_bytes:
+                self.results.add(FLOE_FILE, name, "peak_rss_mib", system.peak_rss_bytes / 2**20,
+                                 "MiB", False, "the table workload's broker (VmHWM)")
         r = self.results
         err = t.error
         note = (

@@ -187,7 +187,8 @@ class System:
     @property
     def peak_rss_bytes(self) -> int:
         now = self.sample()
-        return max([s.peak_rss_bytes for s in self.peak] + ([now.peak_rss_bytes] if now else []))
+        samples = [s.peak_rss_bytes for s in self.peak] + ([now.peak_rss_bytes] if now else [])
+        return max(samples, default=0)  # 0: the broker never ran
 
 
 def wait_port(port: int, timeout_s: float = 10.0) -> None:
