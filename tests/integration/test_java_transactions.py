@@ -50,7 +50,9 @@ def test_java_transactional_producer_and_read_committed(broker: BrokerProcess) -
 def test_java_producer_recovers_from_an_expired_transaction(broker: BrokerProcess) -> None:
     """KIP-588: the coordinator aborted the expired transaction and bumped the epoch; the
     Java producer's next send fails with a retriable epoch error, it aborts, bumps its epoch
-    with InitProducerId (its id and old epoch) and commits its next transaction."""
+    with InitProducerId (its id and old epoch) and commits its next transaction. The program
+    aborts only once the client refuses sends: the client wakes the failed send's caller before
+    it records the error, and an abort in between skips the bump (TxnCheck.awaitErrorState)."""
     assert JAVA is not None
     proc = subprocess.run(
         [JAVA, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", java_classpath(),

@@ -164,6 +164,9 @@ async def test_expired_transactions_are_aborted_with_a_bumped_epoch(broker: Brok
         await b.txn.end_txn("slow", pid, epoch, True)
     assert e.value.code == ErrorCode.invalid_producer_epoch
     await b.txn.end_txn("slow", pid, epoch, False)  # its abort: done already
+    with pytest.raises(KafkaError) as e:  # which does not give the old epoch back: a producer
+        await b.txn.add_partitions("slow", pid, epoch, [("t", 0)])  # must bump it first
+    assert e.value.code == ErrorCode.invalid_producer_epoch
     assert await b.txn.init_producer_id("slow", 1000, pid, epoch) == (pid, epoch + 2)
     with pytest.raises(KafkaError) as e:  # a new instance fences it for good
         await b.txn.init_producer_id("slow", 1000, -1, -1)

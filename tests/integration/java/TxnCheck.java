@@ -6,8 +6,8 @@
 // transaction, a second producer with the same id fences it, and the zombie's commit fails;
 // then a read_committed and a read_uncommitted consumer read everything.
 // With "timeout": a producer (transaction.timeout.ms 3000) lets its transaction (t-0) expire,
-// its next send fails, it aborts and commits r-0 in its next transaction (KIP-588), then the
-// consumers read as above.
+// its next send fails, it waits until its sends are refused (the client has taken the error in),
+// aborts and commits r-0 in its next transaction (KIP-588), then the consumers read as above.
 // Output (stdout, tab-separated):
 //   EXPIRED EXCEPTION_CLASS           what the send after the expiry threw ("none": nothing)
 //   FENCED EXCEPTION_CLASS            what the zombie's commit threw
@@ -19,6 +19,7 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
 import java.util.Properties;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
@@ -29,6 +30,7 @@ import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
@@ -90,6 +92,39 @@ public class TxnCheck {
         }
     }
 
+    // The client completes a failed send's future (waking the caller) before its Sender thread
+    // records the error (abortable error state, epoch bump required: KIP-588). An abort called
+    // in between sends only EndTxn at the fenced epoch, no InitProducerId: the producer goes on
+    // with that epoch and its next transaction is refused (ProducerFencedException). As Kafka's
+    // own test does (KAFKA-18035), sends probe the state before the abort: in its error state
+    // the client refuses a send at once, calling the callback in the caller's thread (an
+    // accepted send's callback runs in the Sender thread). A probe accepted before is never
+    // written (its epoch is fenced); it would show as "t-probe" to read_uncommitted.
+    static void awaitErrorState(KafkaProducer<byte[], byte[]> p, String topic) throws Exception {
+        Thread caller = Thread.currentThread();
+        AtomicBoolean refused = new AtomicBoolean();
+        long deadline = System.currentTimeMillis() + 30_000;
+        while (true) {
+            try {
+                p.send(new ProducerRecord<>(topic, 0, null,
+                        "t-probe".getBytes(StandardCharsets.UTF_8)), (metadata, e) -> {
+                            if (e != null && Thread.currentThread() == caller) {
+                                refused.set(true);
+                            }
+                        });
+            } catch (KafkaException e) {
+                return;  // other error states throw
+            }
+            if (refused.get()) {
+                return;
+            }
+            if (System.currentTimeMillis() > deadline) {
+                throw new IllegalStateException("the producer never entered its error state");
+            }
+            Thread.sleep(10);
+        }
+    }
+
     static void expire(String bootstrap, String topic) throws Exception {
         Properties props = new Properties();
         props.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, "3000");
@@ -107,6 +142,7 @@ public class TxnCheck {
             }
             System.out.println("EXPIRED\t" + thrown);
             System.out.flush();
+            awaitErrorState(p, topic);
             System.err.println("STEP abort");
             p.abortTransaction();
             System.err.println("STEP next transaction");
