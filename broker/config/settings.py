@@ -169,7 +169,7 @@ _DEFS = [
     ConfigDef(
         "memory.trim.interval.ms",
         "int",
-        "250",
+        "5000",
         "how often freed heap memory is given back to the system (glibc malloc_trim); 0: never",
         nonneg,
     ),

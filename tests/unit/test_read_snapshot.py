@@ -173,3 +173,42 @@ async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path:
     assert Counting.gets == 10, f"{Counting.gets} GETs for 10 WAL objects"
     await reader.close()
     await meta.close()
+
+
+async def test_a_cache_too_small_for_whole_objects_reads_each_chunk_once(tmp_path: Path) -> None:
+    """What must hold: a catch-up never downloads a byte twice because the cache could not
+    keep what a whole-object GET brought. A WAL object is fetched whole (every partition's
+    chunk) only when the cache holds 16 such objects; below that, a read fetches its own
+    chunks. Here the old rule (objects up to a quarter of the cache fetched whole) fetched the
+    same objects again and again as each partition's read evicted the others' chunks."""
+
+    class Counting(MemoryObjectStore):
+        downloaded = 0
+
+        async def get_range(self, key: str, start: int, length: int) -> bytes:
+            data = await super().get_range(key, start, length)
+            Counting.downloaded += len(data)
+            return data
+
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    streams = await meta.create_streams(4)
+    store = Counting()
+    writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
+    await writer.open(streams, [])
+    for _ in range(10):  # ten WAL objects of ~4 KB, each with a 1,000-byte chunk of every stream
+        futs = [writer.append(s.stream_id, 5, 0, lambda b, s=s: bytes([s.stream_id, b]) * 500)[1]
+                for s in streams]
+        await asyncio.gather(*futs)
+    await writer.close()
+    stream_rows, chunk_rows = await meta.load()
+    # a quarter of the cache (8,000) spans a whole object; a sixteenth (2,000) does not
+    reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
+    await reader.open(stream_rows, chunk_rows)
+    Counting.downloaded = 0
+    for s in stream_rows:
+        got = await reader.read(s.stream_id, 0, 1 << 20)
+        assert got == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
+    assert Counting.downloaded == sum(c.length for c in chunk_rows), Counting.downloaded
+    await reader.close()
+    await meta.close()
