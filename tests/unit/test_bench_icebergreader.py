@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -40,15 +41,21 @@ def _wait(cond: object, timeout_s: float = 10.0) -> None:
     raise AssertionError("condition not met in time")
 
 
-def test_the_reader_sees_each_row_when_a_scan_of_the_current_snapshot_returns_it(
-    tmp_path: Path,
-) -> None:
+def _table_and_reader(tmp_path: Path) -> tuple[str, str, Any, TableReader]:
+    """A new table in a SQLite catalog + file warehouse, and a started scanning reader."""
     uri, warehouse = f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri()
     catalog = open_catalog(uri, warehouse)
     catalog.create_namespace("default")
     table = catalog.create_table(TABLE, schema=SCHEMA)
     reader = TableReader(uri, warehouse, TABLE, scan_rows=True)
     reader.start()
+    return uri, warehouse, table, reader
+
+
+def test_the_reader_sees_each_row_when_a_scan_of_the_current_snapshot_returns_it(
+    tmp_path: Path,
+) -> None:
+    uri, warehouse, table, reader = _table_and_reader(tmp_path)
     try:
         _append(table, [(0, 0), (0, 1), (1, 0)], {0: 2, 1: 1})
         _wait(lambda: len(reader.rows) == 3)
@@ -73,12 +80,7 @@ def test_the_reader_sees_each_row_when_a_scan_of_the_current_snapshot_returns_it
 def test_a_row_written_twice_is_a_duplicate_for_the_reader_and_the_set_comparison(
     tmp_path: Path,
 ) -> None:
-    uri, warehouse = f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri()
-    catalog = open_catalog(uri, warehouse)
-    catalog.create_namespace("default")
-    table = catalog.create_table(TABLE, schema=SCHEMA)
-    reader = TableReader(uri, warehouse, TABLE, scan_rows=True)
-    reader.start()
+    uri, warehouse, table, reader = _table_and_reader(tmp_path)
     try:
         _append(table, [(0, 0), (0, 1)], {0: 2})
         _wait(lambda: len(reader.seen) == 1)

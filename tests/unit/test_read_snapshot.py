@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,6 +141,23 @@ async def test_a_catch_up_read_gets_chunks_of_different_objects_concurrently(
     await meta.close()
 
 
+async def _ten_wal_objects_of_four_streams(
+    meta: SqliteMetadataStore, store: MemoryObjectStore
+) -> tuple[Any, Any]:
+    """Ten WAL objects of ~4 KB, each with a 1,000-byte chunk of each of four streams; the
+    metadata's (streams, chunks) after."""
+    await meta.open()
+    streams = await meta.create_streams(4)
+    writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
+    await writer.open(streams, [])
+    for _ in range(10):
+        futs = [writer.append(s.stream_id, 5, 0, lambda b, s=s: bytes([s.stream_id, b]) * 500)[1]
+                for s in streams]
+        await asyncio.gather(*futs)
+    await writer.close()
+    return await meta.load()
+
+
 async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path: Path) -> None:
     """A WAL object holds a chunk of every partition written in its flush; reading one
     partition's chunk fetches the whole (small) object, so reading every partition back costs
@@ -153,17 +171,8 @@ async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path:
             return await super().get_range(key, start, length)
 
     meta = SqliteMetadataStore(tmp_path / "meta.db")
-    await meta.open()
-    streams = await meta.create_streams(4)
     store = Counting()
-    writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
-    await writer.open(streams, [])
-    for _ in range(10):  # ten WAL objects, each with a chunk of every stream
-        futs = [writer.append(s.stream_id, 5, 0, lambda b, s=s: bytes([s.stream_id, b]) * 500)[1]
-                for s in streams]
-        await asyncio.gather(*futs)
-    await writer.close()
-    stream_rows, chunk_rows = await meta.load()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
     reader = LogStore(store, meta, WalSettings())  # cold: an empty cache
     await reader.open(stream_rows, chunk_rows)
     Counting.gets = 0
@@ -191,17 +200,8 @@ async def test_a_cache_too_small_for_whole_objects_reads_each_chunk_once(tmp_pat
             return data
 
     meta = SqliteMetadataStore(tmp_path / "meta.db")
-    await meta.open()
-    streams = await meta.create_streams(4)
     store = Counting()
-    writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
-    await writer.open(streams, [])
-    for _ in range(10):  # ten WAL objects of ~4 KB, each with a 1,000-byte chunk of every stream
-        futs = [writer.append(s.stream_id, 5, 0, lambda b, s=s: bytes([s.stream_id, b]) * 500)[1]
-                for s in streams]
-        await asyncio.gather(*futs)
-    await writer.close()
-    stream_rows, chunk_rows = await meta.load()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
     # a quarter of the cache (8,000) spans a whole object; a sixteenth (2,000) does not
     reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
     await reader.open(stream_rows, chunk_rows)
