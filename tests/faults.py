@@ -7,23 +7,15 @@ import asyncio
 from s3stream.objectstore import ObjectStore, RetryableError
 
 
-class FaultyStore:
+class PassThrough:
+    """An object store that hands every call to `inner`: the base of test wrappers, which
+    override the calls they observe or break."""
+
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
         self.url = inner.url
-        self.fail_puts = 0  # fail this many PUTs
-        self.fail_all_puts = False
-        self.error: Exception = RetryableError("injected: 503 SlowDown")  # what a failure raises
-        self.stall = asyncio.Event()
-        self.stall.set()  # set = not stalled
-        self.puts = 0
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
-        await self.stall.wait()
-        if self.fail_all_puts or self.fail_puts > 0:
-            self.fail_puts = max(0, self.fail_puts - 1)
-            raise self.error
-        self.puts += 1
         await self.inner.put(key, data)
 
     async def get(self, key: str) -> bytes:
@@ -40,3 +32,22 @@ class FaultyStore:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+class FaultyStore(PassThrough):
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.fail_puts = 0  # fail this many PUTs
+        self.fail_all_puts = False
+        self.error: Exception = RetryableError("injected: 503 SlowDown")  # what a failure raises
+        self.stall = asyncio.Event()
+        self.stall.set()  # set = not stalled
+        self.puts = 0
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await self.stall.wait()
+        if self.fail_all_puts or self.fail_puts > 0:
+            self.fail_puts = max(0, self.fail_puts - 1)
+            raise self.error
+        self.puts += 1
+        await self.inner.put(key, data)

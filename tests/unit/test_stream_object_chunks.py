@@ -20,6 +20,7 @@ from s3stream.compaction import CompactionSettings, Compactor
 from s3stream.log import LogStore, WalSettings
 from s3stream.metadata import SqliteMetadataStore
 from s3stream.objectstore import ObjectStore, open_object_store
+from tests.faults import PassThrough
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV
 
 KiB = 1024
@@ -27,16 +28,12 @@ CHUNK = 64 * KiB
 APPENDS = 256  # of 16 KiB each, one WAL object each: 4 MiB for one stream
 
 
-class Counting:
+class Counting(PassThrough):
     """Counts the bytes every GET returns (what a read downloads)."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.downloaded = 0
-
-    async def put(self, key: str, data: bytes | memoryview) -> None:
-        await self.inner.put(key, data)
 
     async def get(self, key: str) -> bytes:
         data = await self.inner.get(key)
@@ -47,15 +44,6 @@ class Counting:
         data = await self.inner.get_range(key, start, length)
         self.downloaded += len(data)
         return data
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def list(self, prefix: str) -> list[str]:
-        return await self.inner.list(prefix)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @pytest.fixture(params=["file", "s3"])

@@ -18,18 +18,18 @@ from broker.config import ConfigError, load_settings
 from s3stream.log import LogStore, StreamWriteError, WalSettings
 from s3stream.metadata import SqliteMetadataStore
 from s3stream.objectstore import Buffer, ObjectStore, open_object_store, put_parts
+from tests.faults import PassThrough
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, broker_on_s3
 
 WAIT = 5.0  # seconds any awaited step may take
 
 
-class Gated:
+class Gated(PassThrough):
     """An object store whose WAL puts (numbered from 0 in the order they start) can be held
     until released, and made to fail; it records when each starts and ends."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.held: dict[int, asyncio.Event] = {}
         self.failing: set[int] = set()
         self.events: list[str] = []  # "start 0", "end 0", "fail 0", ...
@@ -74,21 +74,6 @@ class Gated:
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await self.put_parts(key, [data])
-
-    async def get(self, key: str) -> bytes:
-        return await self.inner.get(key)
-
-    async def get_range(self, key: str, start: int, length: int) -> bytes:
-        return await self.inner.get_range(key, start, length)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def list(self, prefix: str) -> list[str]:
-        return await self.inner.list(prefix)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @pytest.fixture(params=["memory", "file", "s3"])
