@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -38,8 +37,6 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-
-log = logging.getLogger(__name__)
 
 ARENAS = 2
 M_ARENA_MAX = -8  # mallopt parameter (malloc.h)

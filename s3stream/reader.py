@@ -246,6 +246,7 @@ class ReaderMixin(IndexMixin):
         got: dict[tuple[int, int], bytes] = {}
         budget = self._budget(want)
         runs, waits = self._plan(chunks, first, end, budget, got)
+        whole = min(budget, self.cache.max_bytes // WHOLE_OBJECT_SHARE)  # objects GET whole
         gets = []
         for run in runs:
             oid = run[0].object_id
@@ -253,7 +254,6 @@ class ReaderMixin(IndexMixin):
             others = set(self._object_chunks.get(oid, ()))  # a copy: it is used after the GET
             if others:
                 olo, ohi = min(p for p, _ in others), max(p + n for p, n in others)
-                whole = min(budget, self.cache.max_bytes // WHOLE_OBJECT_SHARE)
                 if ohi - olo <= whole and olo <= lo and hi <= ohi:
                     lo, hi = olo, ohi
                 else:

@@ -102,8 +102,11 @@ async def _collect(
                     # after the read: the high watermark answered is never below a record
                     start, hw = storage.offsets(t.topic, p.partition)
                     lso = storage.last_stable_offset(t.topic, p.partition)
-                    if committed:  # aborted ranges taken with (after) the LSO: see _below
-                        data = data.below(lso)  # the batches that end below it
+                    if committed:
+                        # the batches ending below the LSO: a transaction open when it was
+                        # taken has its records at or above it; one closed by then has its
+                        # marker durable, so its abort is in the ranges taken after the LSO
+                        data = data.below(lso)
                         aborted = storage.aborted_transactions(
                             t.topic, p.partition, p.fetch_offset, lso
                         )
