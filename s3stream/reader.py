@@ -22,6 +22,7 @@ from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, IndexMixin
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore
 from s3stream.readplan import Fetch, Get, InFlight, span
+from s3stream.sharedreads import SharedReads
 from s3stream.wal import WalSettings
 
 log = logging.getLogger("s3stream.log")  # the name operators' log filters know
@@ -63,6 +64,10 @@ def check_contiguous(chunks: list[ChunkData], offset: int) -> None:
             )
 
 
+def _size(chunks: list[ChunkData]) -> int:
+    return sum(len(c.data) for c in chunks)
+
+
 def _fail(flight: InFlight, e: BaseException) -> None:
     """Hand a GET's failure to whoever waits for it (a cancelled GET: retriable, as a race)."""
     if not isinstance(e, Exception):
@@ -84,6 +89,8 @@ class ReaderMixin(IndexMixin):
         self._inflight: dict[tuple[int, int], InFlight] = {}
         self._ahead: dict[int, asyncio.Future[None]] = {}  # read-ahead under way, by stream
         self._ahead_bytes = 0
+        # reads of one (stream, offset) made once; full ones kept for the fetch that comes back
+        self.shared_reads: SharedReads[list[ChunkData]] = SharedReads(self.cache.max_bytes)
 
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """(base offset, bytes) of `read_chunks`."""
@@ -93,7 +100,22 @@ class ReaderMixin(IndexMixin):
     async def read_chunks(self, stream_id: int, offset: int, max_bytes: int) -> list[ChunkData]:
         """Contiguous chunks from the one holding `offset`, at least one, until `max_bytes` is
         reached; empty when offset is at or past the end. Raises OffsetOutOfRangeError below
-        the log start, ReadRaceError when READ_ATTEMPTS snapshots in a row raced a swap."""
+        the log start, ReadRaceError when READ_ATTEMPTS snapshots in a row raced a swap.
+        A read of the same offset under way, or kept (`s3stream.sharedreads`), answers it when
+        it asked for at least `max_bytes`; then more chunks may come than asked for."""
+        if offset < self.stream(stream_id).start_offset:  # checked here too: kept reads
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is below the log start {self.stream(stream_id).start_offset}"
+            )
+        return await self.shared_reads.read(
+            (stream_id, offset), max_bytes,
+            lambda: self._read_contiguous(stream_id, offset, max_bytes), _size,
+            lambda out: bool(out) and out[-1].last_offset + 1 < self.stream(stream_id).end_offset,
+        )
+
+    async def _read_contiguous(
+        self, stream_id: int, offset: int, max_bytes: int
+    ) -> list[ChunkData]:
         for attempt in range(1, READ_ATTEMPTS + 1):
             try:
                 out = await self._read(stream_id, offset, max_bytes)
@@ -230,13 +252,17 @@ class ReaderMixin(IndexMixin):
         READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one GET per
         chunk). The last run reads ahead over the chunks stored after it, within the GET
         budget (`_budget`: the read-ahead setting or the `want` bytes the read asked for,
-        within a quarter of the cache). A GET in an object whose live chunks span at most that
-        budget, and at most a sixteenth of the cache, covers them all, every stream's: a
-        catch-up of many partitions then makes one GET per WAL object, not one per partition
-        and object. The sixteenth: the other streams' chunks must stay cached until their
-        reads come, which a fetch spread over many partitions and objects needs room for; with
-        less, they were evicted first and the same objects fetched again and again (1.9x the
-        bytes in test_read_snapshot, read CPU 5.1 against 3.4 s/GiB with a 64 MiB cache).
+        within a quarter of the cache). A GET in an object none of whose chunks is cached or
+        coming covers them all, every stream's, while the objects one read fetches whole span
+        at most that budget and a sixteenth of the cache in all: a catch-up of many
+        partitions then makes one GET per WAL object, not one per partition and object. The
+        sixteenth: the other streams' chunks must stay cached until their reads come, which a
+        fetch spread over many partitions and objects needs room for; with less, they were
+        evicted first and the same objects fetched again and again (1.9x the bytes in
+        test_read_snapshot, read CPU 5.1 against 3.4 s/GiB with a 64 MiB cache). "In all":
+        a read of 8 MiB of one of 100 partitions spans ~100 WAL objects; fetching each whole
+        (each under a sixteenth) brought 100x its bytes, evicted before the other
+        partitions' reads came (an object of 2 MiB downloaded 85 times in one catch-up).
         Everything fetched is cached, so the next read finds it."""
         return await self._finish(self._begin(chunks, first, end, want))
 
@@ -246,7 +272,7 @@ class ReaderMixin(IndexMixin):
         got: dict[tuple[int, int], bytes] = {}
         budget = self._budget(want)
         runs, waits = self._plan(chunks, first, end, budget, got)
-        whole = min(budget, self.cache.max_bytes // WHOLE_OBJECT_SHARE)  # objects GET whole
+        whole = min(budget, self.cache.max_bytes // WHOLE_OBJECT_SHARE)  # GET whole, in all
         gets = []
         for run in runs:
             oid = run[0].object_id
@@ -254,8 +280,11 @@ class ReaderMixin(IndexMixin):
             others = set(self._object_chunks.get(oid, ()))  # a copy: it is used after the GET
             if others:
                 olo, ohi = min(p for p, _ in others), max(p + n for p, n in others)
-                if ohi - olo <= whole and olo <= lo and hi <= ohi:
+                if ohi - olo <= whole and olo <= lo and hi <= ohi and self._untouched(
+                    oid, others
+                ):
                     lo, hi = olo, ohi
+                    whole -= ohi - olo
                 else:
                     others = set()
             flight = InFlight(asyncio.get_running_loop().create_future(), lo)
@@ -266,6 +295,13 @@ class ReaderMixin(IndexMixin):
             gets.append(Get(run, hi, others, flight, mine))
         lengths = {(c.object_id, c.position): c.length for c in chunks[first:end]}
         return Fetch(got, gets, [(k, f, lengths[k]) for k, f in waits.items()])
+
+    def _untouched(self, oid: int, chunks: set[tuple[int, int]]) -> bool:
+        """Whether none of these chunks of the object is cached or coming (then fetching it
+        whole would download some of them twice)."""
+        return not any(
+            (oid, p) in self._inflight or self.cache.contains((oid, p)) for p, _ in chunks
+        )
 
     async def _finish(self, plan: Fetch) -> dict[tuple[int, int], bytes]:
         got = plan.got

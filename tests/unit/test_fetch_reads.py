@@ -97,3 +97,22 @@ async def test_a_slow_read_is_skipped_only_when_records_are_ready(
     assert not third.done()
     storage.gates[2].set()
     assert got(await third) == storage.data[2]
+
+
+async def test_reads_still_under_way_keep_their_share_of_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition skipped because its read is slow keeps that read's bytes counted: the
+    partitions after it get no read of their own past the budget (before, each skipped
+    partition freed room for one more read, so a fetch of 100 partitions whose reads were slow
+    started them all, and the next fetch read the same offsets again)."""
+    monkeypatch.setattr(fetch, "SERVE_WITHIN_S", 0.01)
+    storage = SlowStorage({p: batch(p, 1) for p in range(10)})
+    r = reads(storage, 10, 300)  # three reads of 100 fill the budget
+    storage.gates[1].set()
+    total = 0
+    for i in range(10):
+        total += len(got(await r.result(i, 300 - total, total > 0)))
+    assert total == len(storage.data[1])  # 1 answered; 0 and 2 still reading
+    await asyncio.sleep(0)  # every read started has begun
+    assert storage.started == [0, 1, 2, 3]  # 1's answer made room for one read, no more

@@ -142,16 +142,17 @@ async def test_a_catch_up_read_gets_chunks_of_different_objects_concurrently(
 
 
 async def _ten_wal_objects_of_four_streams(
-    meta: SqliteMetadataStore, store: MemoryObjectStore
+    meta: SqliteMetadataStore, store: MemoryObjectStore, objects: int = 10, chunk: int = 1000
 ) -> tuple[Any, Any]:
-    """Ten WAL objects of ~4 KB, each with a 1,000-byte chunk of each of four streams; the
-    metadata's (streams, chunks) after."""
+    """Ten WAL objects (or `objects`) of ~4 KB, each with a 1,000-byte chunk (or `chunk`) of
+    each of four streams; the metadata's (streams, chunks) after."""
     await meta.open()
     streams = await meta.create_streams(4)
     writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
     await writer.open(streams, [])
-    for _ in range(10):
-        futs = [writer.append(s.stream_id, 5, 0, lambda b, s=s: bytes([s.stream_id, b]) * 500)[1]
+    for _ in range(objects):
+        futs = [writer.append(s.stream_id, 5, 0,
+                              lambda b, s=s: bytes([s.stream_id, b]) * (chunk // 2))[1]
                 for s in streams]
         await asyncio.gather(*futs)
     await writer.close()
@@ -210,5 +211,40 @@ async def test_a_cache_too_small_for_whole_objects_reads_each_chunk_once(tmp_pat
         got = await reader.read(s.stream_id, 0, 1 << 20)
         assert got == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
     assert Counting.downloaded == sum(c.length for c in chunk_rows), Counting.downloaded
+    await reader.close()
+    await meta.close()
+
+
+
+async def test_one_read_fetches_whole_objects_only_within_its_share(tmp_path: Path) -> None:
+    """Each WAL object (1,000 bytes: four streams' 250-byte chunks) is within a sixteenth of
+    the cache, but one stream's read spans 40 of them: fetching them all whole brought 4x its
+    bytes into a cache that kept a third of them, and every other stream's read fetched the
+    evicted ones whole again (in a catch-up of 100 partitions, 14x the bytes served). Now the
+    objects one read fetches whole stay within that sixteenth in all, and an object is
+    fetched whole only while none of its chunks is cached: what is downloaded twice is at most
+    that sixteenth per read (other streams' chunks of it, evicted before their reads came)."""
+
+    class Counting(MemoryObjectStore):
+        downloaded = 0
+
+        async def get_range(self, key: str, start: int, length: int) -> bytes:
+            data = await super().get_range(key, start, length)
+            Counting.downloaded += len(data)
+            return data
+
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    store = Counting()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store, 40, 250)
+    reader = LogStore(store, meta, WalSettings(cache_max_bytes=16_000, readahead_bytes=0))
+    await reader.open(stream_rows, chunk_rows)
+    Counting.downloaded = 0
+    for s in stream_rows:
+        got = await reader.read(s.stream_id, 0, 1 << 20)
+        assert got == [(b, bytes([s.stream_id, b]) * 125) for b in range(0, 200, 5)]
+    share = 16_000 // 16
+    assert Counting.downloaded <= sum(c.length for c in chunk_rows) + 4 * share, (
+        Counting.downloaded  # was 112,000: 2.8x
+    )
     await reader.close()
     await meta.close()
