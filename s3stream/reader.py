@@ -110,8 +110,13 @@ class ReaderMixin(IndexMixin):
         return await self.shared_reads.read(
             (stream_id, offset), max_bytes,
             lambda: self._read_contiguous(stream_id, offset, max_bytes), _size,
-            lambda out: bool(out) and out[-1].last_offset + 1 < self.stream(stream_id).end_offset,
+            lambda out: self._stopped_short(stream_id, out),
         )
+
+    def _stopped_short(self, stream_id: int, out: list[ChunkData]) -> bool:
+        """Whether a read stopped at its max_bytes with records after it (not at the end)."""
+        st = self.streams.get(stream_id)  # gone if the partition moved away meanwhile
+        return st is not None and bool(out) and out[-1].last_offset + 1 < st.end_offset
 
     async def _read_contiguous(
         self, stream_id: int, offset: int, max_bytes: int

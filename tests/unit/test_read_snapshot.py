@@ -7,7 +7,7 @@ and deleted meanwhile, it reads again from the current chunks; a gap is never re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,39 +150,58 @@ async def _ten_wal_objects_of_four_streams(
     streams = await meta.create_streams(4)
     writer = LogStore(store, meta, WalSettings(flush_interval_ms=1))
     await writer.open(streams, [])
+    def payload(sid: int) -> Callable[[int], bytes]:
+        return lambda base: bytes([sid, base]) * (chunk // 2)
+
     for _ in range(objects):
-        futs = [writer.append(s.stream_id, 5, 0,
-                              lambda b, s=s: bytes([s.stream_id, b]) * (chunk // 2))[1]
-                for s in streams]
+        futs = [writer.append(s.stream_id, 5, 0, payload(s.stream_id))[1] for s in streams]
         await asyncio.gather(*futs)
     await writer.close()
     return await meta.load()
+
+
+class Downloads(MemoryObjectStore):
+    """Counts range GETs and the bytes they download."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = self.downloaded = 0
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        data = await super().get_range(key, start, length)
+        self.gets += 1
+        self.downloaded += len(data)
+        return data
+
+
+async def _read_every_stream_back(
+    tmp_path: Path, objects: int, chunk: int, settings: WalSettings
+) -> tuple[Downloads, int]:
+    """Four streams written into `objects` WAL objects (a `chunk`-byte chunk of each per
+    object), then each read back whole, in turn, by a cold reader: (its store's counts,
+    bytes of all the chunks)."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    store = Downloads()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store, objects, chunk)
+    reader = LogStore(store, meta, settings)
+    await reader.open(stream_rows, chunk_rows)
+    store.gets = store.downloaded = 0
+    for s in stream_rows:
+        got = await reader.read(s.stream_id, 0, 1 << 20)
+        assert got == [(b, bytes([s.stream_id, b]) * (chunk // 2))
+                       for b in range(0, 5 * objects, 5)]
+    await reader.close()
+    await meta.close()
+    return store, sum(c.length for c in chunk_rows)
 
 
 async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path: Path) -> None:
     """A WAL object holds a chunk of every partition written in its flush; reading one
     partition's chunk fetches the whole (small) object, so reading every partition back costs
     one GET per WAL object, not one per partition and object; the bytes are the same."""
-
-    class Counting(MemoryObjectStore):
-        gets = 0
-
-        async def get_range(self, key: str, start: int, length: int) -> bytes:
-            Counting.gets += 1
-            return await super().get_range(key, start, length)
-
-    meta = SqliteMetadataStore(tmp_path / "meta.db")
-    store = Counting()
-    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
-    reader = LogStore(store, meta, WalSettings())  # cold: an empty cache
-    await reader.open(stream_rows, chunk_rows)
-    Counting.gets = 0
-    for s in stream_rows:
-        got = await reader.read(s.stream_id, 0, 1 << 20)
-        assert got == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
-    assert Counting.gets == 10, f"{Counting.gets} GETs for 10 WAL objects"
-    await reader.close()
-    await meta.close()
+    store, chunks = await _read_every_stream_back(tmp_path, 10, 1000, WalSettings())
+    assert store.gets == 10, f"{store.gets} GETs for 10 WAL objects"
+    assert store.downloaded == chunks
 
 
 async def test_a_cache_too_small_for_whole_objects_reads_each_chunk_once(tmp_path: Path) -> None:
@@ -191,29 +210,11 @@ async def test_a_cache_too_small_for_whole_objects_reads_each_chunk_once(tmp_pat
     chunk) only when the cache holds 16 such objects; below that, a read fetches its own
     chunks. Here the old rule (objects up to a quarter of the cache fetched whole) fetched the
     same objects again and again as each partition's read evicted the others' chunks."""
-
-    class Counting(MemoryObjectStore):
-        downloaded = 0
-
-        async def get_range(self, key: str, start: int, length: int) -> bytes:
-            data = await super().get_range(key, start, length)
-            Counting.downloaded += len(data)
-            return data
-
-    meta = SqliteMetadataStore(tmp_path / "meta.db")
-    store = Counting()
-    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
     # a quarter of the cache (8,000) spans a whole object; a sixteenth (2,000) does not
-    reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
-    await reader.open(stream_rows, chunk_rows)
-    Counting.downloaded = 0
-    for s in stream_rows:
-        got = await reader.read(s.stream_id, 0, 1 << 20)
-        assert got == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
-    assert Counting.downloaded == sum(c.length for c in chunk_rows), Counting.downloaded
-    await reader.close()
-    await meta.close()
-
+    store, chunks = await _read_every_stream_back(
+        tmp_path, 10, 1000, WalSettings(cache_max_bytes=32_000, readahead_bytes=0)
+    )
+    assert store.downloaded == chunks, store.downloaded
 
 
 async def test_one_read_fetches_whole_objects_only_within_its_share(tmp_path: Path) -> None:
@@ -224,27 +225,7 @@ async def test_one_read_fetches_whole_objects_only_within_its_share(tmp_path: Pa
     objects one read fetches whole stay within that sixteenth in all, and an object is
     fetched whole only while none of its chunks is cached: what is downloaded twice is at most
     that sixteenth per read (other streams' chunks of it, evicted before their reads came)."""
-
-    class Counting(MemoryObjectStore):
-        downloaded = 0
-
-        async def get_range(self, key: str, start: int, length: int) -> bytes:
-            data = await super().get_range(key, start, length)
-            Counting.downloaded += len(data)
-            return data
-
-    meta = SqliteMetadataStore(tmp_path / "meta.db")
-    store = Counting()
-    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store, 40, 250)
-    reader = LogStore(store, meta, WalSettings(cache_max_bytes=16_000, readahead_bytes=0))
-    await reader.open(stream_rows, chunk_rows)
-    Counting.downloaded = 0
-    for s in stream_rows:
-        got = await reader.read(s.stream_id, 0, 1 << 20)
-        assert got == [(b, bytes([s.stream_id, b]) * 125) for b in range(0, 200, 5)]
-    share = 16_000 // 16
-    assert Counting.downloaded <= sum(c.length for c in chunk_rows) + 4 * share, (
-        Counting.downloaded  # was 112,000: 2.8x
+    store, chunks = await _read_every_stream_back(
+        tmp_path, 40, 250, WalSettings(cache_max_bytes=16_000, readahead_bytes=0)
     )
-    await reader.close()
-    await meta.close()
+    assert store.downloaded <= chunks + 4 * (16_000 // 16), store.downloaded  # was 112,000

@@ -72,16 +72,27 @@ def offsets(got: list[tuple[int, bytes]]) -> list[int]:
     return [base for base, _ in got]
 
 
+Read = asyncio.Future[list[tuple[int, bytes]]]
+
+
+async def two_reads(log: LogStore, store: CountingStore, sid: int, first_bytes: int,
+                    second_bytes: int) -> tuple[Read, Read, int]:
+    """A read of offset 0 held at the store's gate, then a second one of the same offset:
+    (first, second, the GETs made before the second began)."""
+    store.gate.clear()
+    first = asyncio.ensure_future(log.read(sid, 0, first_bytes))
+    await asyncio.sleep(0.01)
+    gets = store.gets
+    second = asyncio.ensure_future(log.read(sid, 0, second_bytes))
+    await asyncio.sleep(0.01)
+    return first, second, gets
+
+
 async def test_concurrent_reads_of_one_offset_get_the_bytes_once(
     env: tuple[LogStore, CountingStore, list[int]],
 ) -> None:
     log, store, (sid, _) = env
-    store.gate.clear()
-    first = asyncio.ensure_future(log.read(sid, 0, 3 * CHUNK))
-    await asyncio.sleep(0.01)
-    gets = store.gets
-    second = asyncio.ensure_future(log.read(sid, 0, 2 * CHUNK))  # asks for less: joins
-    await asyncio.sleep(0.01)
+    first, second, gets = await two_reads(log, store, sid, 3 * CHUNK, 2 * CHUNK)  # less: joins
     assert store.gets == gets  # waiting on the first read's GETs, none of its own
     store.gate.set()
     a, b = await first, await second
@@ -128,11 +139,7 @@ async def test_a_read_joined_to_a_cancelled_one_reads_itself(
     env: tuple[LogStore, CountingStore, list[int]],
 ) -> None:
     log, store, (sid, _) = env
-    store.gate.clear()
-    owner = asyncio.ensure_future(log.read(sid, 0, 2 * CHUNK))
-    await asyncio.sleep(0.01)
-    joiner = asyncio.ensure_future(log.read(sid, 0, 2 * CHUNK))
-    await asyncio.sleep(0.01)
+    owner, joiner, _ = await two_reads(log, store, sid, 2 * CHUNK, 2 * CHUNK)
     owner.cancel()
     await asyncio.sleep(0.01)
     store.gate.set()
