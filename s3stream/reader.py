@@ -103,10 +103,9 @@ class ReaderMixin(IndexMixin):
         the log start, ReadRaceError when READ_ATTEMPTS snapshots in a row raced a swap.
         A read of the same offset under way, or kept (`s3stream.sharedreads`), answers it when
         it asked for at least `max_bytes`; then more chunks may come than asked for."""
-        if offset < self.stream(stream_id).start_offset:  # checked here too: kept reads
-            raise OffsetOutOfRangeError(
-                f"offset {offset} is below the log start {self.stream(stream_id).start_offset}"
-            )
+        start = self.stream(stream_id).start_offset
+        if offset < start:  # checked here too: kept reads
+            raise OffsetOutOfRangeError(f"offset {offset} is below the log start {start}")
         return await self.shared_reads.read(
             (stream_id, offset), max_bytes,
             lambda: self._read_contiguous(stream_id, offset, max_bytes), _size,
