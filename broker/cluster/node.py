@@ -41,6 +41,7 @@ class ClusterNode:
         # called with every new view, at once (the group coordinator unloads moved groups)
         self.listeners: list[Callable[[ClusterView], object]] = []
         self._lease_until = 0.0  # monotonic
+        self._renewed = 0.0  # monotonic start of the last heartbeat that renewed the lease
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -61,7 +62,8 @@ class ClusterNode:
 
     async def heartbeat(self) -> Snapshot:
         began = time.monotonic()
-        snap = await self.store._run(self._heartbeat)
+        snap, started = await self.store._run(self._heartbeat)
+        self._report_late(began, started)
         if not snap.registered:  # another process took our node id: we lead nothing now
             log.error("broker %d: registered by another process (same node.id); this one"
                       " serves nothing", self.node_id)
@@ -69,10 +71,26 @@ class ClusterNode:
             self._set_view(snap.view)
             return snap
         self._lease_until = began + self.settings.session_timeout_ms / 1000 - LEASE_MARGIN_S
+        self._renewed = began
         self._set_view(snap.view)
         return snap
 
+    def _report_late(self, began: float, started: float) -> None:
+        """Warn when renewals came so far apart that others may have seen this broker's lease
+        run out, with where the time went: waiting for the store's thread, or the
+        transaction itself (a stalled event loop shows as a gap with neither)."""
+        now = time.monotonic()
+        gap = began - self._renewed
+        if self._renewed and gap + (now - began) > self.settings.session_timeout_ms / 2000:
+            log.warning("broker %d: lease renewed %.2f s after the last renewal (heartbeat"
+                        " sent %.2f s after it, queued %.2f s, transaction %.2f s)",
+                        self.node_id, now - self._renewed, gap, started - began, now - started)
+
     def _set_view(self, view: ClusterView) -> None:
+        was = {b.node_id for b in self.view.brokers}
+        if {b.node_id for b in view.brokers} != was:
+            log.info("broker %d: live brokers %s (were %s)", self.node_id,
+                     sorted(b.node_id for b in view.brokers), sorted(was))
         self.view = view
         for listener in self.listeners:
             try:
@@ -80,9 +98,10 @@ class ClusterNode:
             except Exception:
                 log.exception("cluster view listener")
 
-    def _heartbeat(self) -> Snapshot:
+    def _heartbeat(self) -> tuple[Snapshot, float]:
+        started = time.monotonic()  # on the store's thread
         with self.store._txn() as db:
-            return tables.heartbeat(db, self.me, _now_ms(), self.store.for_update)
+            return tables.heartbeat(db, self.me, _now_ms(), self.store.for_update), started
 
     def _in_txn(self, fn: Callable[..., object], *args: object) -> None:
         with self.store._txn() as db:

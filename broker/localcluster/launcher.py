@@ -178,11 +178,13 @@ def _run(args: argparse.Namespace, cluster_dir: Path, stack: ExitStack,
     stack.callback(stop_brokers, brokers, args.stop_timeout)
     # The first broker creates the shared schemas (metadata migrations, the Iceberg catalog's
     # tables) alone: pyiceberg's SqlCatalog does not survive several processes creating its
-    # tables at once (a UniqueViolation on PostgreSQL). Then the others start together.
+    # tables at once (a UniqueViolation on PostgreSQL). Then the others start together, and
+    # every broker, the first one too, must list them all.
     deadline = time.monotonic() + args.start_timeout
-    for group in (brokers[:1], brokers[1:]):
+    for group in (brokers[:1], brokers):
         for b in group:
-            b.start()
+            if b.proc is None:
+                b.start()
         wait_ready(group, max(0.0, deadline - time.monotonic()), stop)
     if stop.is_set():
         return 0

@@ -46,6 +46,11 @@ def cluster(
             b = BrokerProcess(tmp_path / f"b{n}", ["--node-id", str(n), *shared, *args])
             brokers.append(b.start())
         yield brokers
+    except BaseException:  # what the brokers said goes into the failure's captured output
+        for b in brokers:
+            print(f"--- broker {b.extra_args[1]} log (last 100 lines) ---")
+            print("".join(b.output[-100:]), end="")
+        raise
     finally:
         for b in brokers:
             if b.proc is not None and b.proc.poll() is None:

@@ -123,6 +123,11 @@ def local_cluster(tmp_path: Path, metadata: str) -> Iterator[Launcher]:
     pump.start()
     try:
         yield launcher
+    except BaseException:  # what the brokers said goes into the failure's captured output
+        for log in sorted((tmp_path / "cluster").glob("*/broker.log")):
+            print(f"--- {log} (last 100 lines) ---")
+            print("".join(log.read_text(errors="replace").splitlines(True)[-100:]), end="")
+        raise
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
