@@ -241,6 +241,9 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
     storage = build_storage(settings)
     catalog = open_catalog(settings.catalog_url, settings.warehouse_url)  # a bad URL fails here
     storage.topic_defaults.update(topic_defaults(settings))
+    # before the store opens: from then on this broker holds a lease that only the event loop
+    # renews, and these 0.5-3 s (loaded machine) of work would let it lapse at once
+    settle_heap()
     await storage.open()
     host, port = settings.listen
     groups = GroupCoordinator(
@@ -274,7 +277,6 @@ async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> N
         health.add("schema_registry", external.url, external.probe, external.last_error)
     metrics.sources.health = health
     await health.check_all()  # an unreachable store is logged (ERROR) before `listening on`
-    settle_heap()
     server = await serve(ctx, host, port, settings.socket_request_max_bytes, metrics.net)
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
     if settings.advertised is not None:

@@ -113,8 +113,11 @@ class ClusterNode:
 
     async def _run(self, sync: Callable[[], Awaitable[None]]) -> None:
         interval = self.settings.heartbeat_interval_ms / 1000
+        due = time.monotonic()
         while True:
-            await asyncio.sleep(interval)
+            # heartbeats start an interval apart, however long the last one's sync took
+            due = max(due + interval, time.monotonic())
+            await asyncio.sleep(due - time.monotonic())
             try:
                 await sync()
             except Exception as e:
