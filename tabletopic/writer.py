@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -401,25 +401,27 @@ class TableWriter:
         if not parts:  # this broker leads no partition of the topic
             self.answered = max(self.answered, commit_id)
             return
-        sets: dict[int, FileSet] = {}  # partition -> the file set it hands in
+        # the schema first, partition by partition (each writes with the table as it was
+        # once its rows were covered); then every partition's files at once, in threads
+        # (Arrow writes Parquet without the GIL: the partitions' writes overlap)
+        writes: list[tuple[FileSet, Table | None, pa.Table | None]] = []
         table: Table | None = None
         for st in parts:
             if st.read_next <= st.flushed:
                 continue
             if st.dead:  # durable before the offsets move past them
                 await self.dlq.write(st.partition, st.dead)
-            began_ms = int(time.time() * 1000)  # the files' age counts from here (orphans)
-            files: list[Any] = []
+            data = None
             if st.tables:
                 data = pa.concat_tables(st.tables, promote_options="permissive")
                 if table is None or not covers(table, data.schema):
                     table = await asyncio.to_thread(
                         evolve_schema, self.catalog, cfg.identifier, data.schema)
-                files = await asyncio.to_thread(
-                    write_data_files, table, data, cfg.layout.sort_by)
-            sets[st.partition] = FileSet(
-                self.topic, st.partition, st.flushed, st.epoch, st.read_next, self.node_id,
-                commit_id, encode(files), st.records, len(st.dead), began_ms)
+            fileset = FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
+                              self.node_id, commit_id, "", st.records, len(st.dead), 0)
+            writes.append((fileset, table, data))
+        written = await asyncio.gather(*(self._write_files(*w) for w in writes))
+        sets = {s.partition: s for s in written}
         answers = [
             Answer(st.partition, st.epoch, sets.get(st.partition),
                    0 if st.partition in sets else st.records,
@@ -441,6 +443,17 @@ class TableWriter:
                 st.catching_up = False  # handed in (or nothing more to read): caught up
         self.answered = max(self.answered, commit_id)
         self._next_fate_check = 0.0
+
+    async def _write_files(self, fileset: FileSet, table: Table | None,
+                           data: pa.Table | None) -> FileSet:
+        """`fileset` with the data files of `data` written (none without rows)."""
+        began_ms = int(time.time() * 1000)  # the files' age counts from here (orphans)
+        files: list[Any] = []
+        if data is not None:
+            assert table is not None
+            files = await asyncio.to_thread(
+                write_data_files, table, data, self.config.layout.sort_by)
+        return replace(fileset, files=encode(files), written_ms=began_ms)
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
