@@ -86,14 +86,25 @@ async def test_two_writers_of_one_table_topic(
                 if k % 4 == 1:
                     invalid |= {(p, res.base_offset + i) for i in range(5)}
             await asyncio.sleep(0.08)  # longer than the commit interval: commits of one batch
-        ends = {p: storage.offsets(TOPIC, p)[1] for p in range(PARTITIONS)}
         ident = ("default", TOPIC)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if table_offsets(await asyncio.to_thread(catalog.load_table, ident)) == ends:
-                    break
-            await asyncio.sleep(0.1)
+
+        async def caught_up() -> dict[int, int]:
+            ends = {p: storage.offsets(TOPIC, p)[1] for p in range(PARTITIONS)}
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    if table_offsets(await asyncio.to_thread(catalog.load_table, ident)) == ends:
+                        break
+                await asyncio.sleep(0.1)
+            return ends
+
+        await caught_up()
+        # then one batch of invalid records alone: whichever writer commits it, its commit
+        # holds dead letters only (the table holds everything before it already)
+        for p in range(PARTITIONS):
+            res = await storage.append(TOPIC, p, encode_batch(batch(1), 1_700_000_000_000))
+            invalid |= {(p, res.base_offset + i) for i in range(5)}
+        ends = await caught_up()
         for w in writers:
             w.stop()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
