@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,9 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 import tabletopic.writer as writer_module
-from broker.metadata.tablework import TableWork
 from broker.protocol.recordcodec import encode_batch
-from broker.storage import Storage
-from s3stream.log import WalSettings
-from s3stream.metadata import SqliteMetadataStore
-from s3stream.objectstore import open_object_store
-from tabletopic.catalog import open_catalog
 from tabletopic.commit import table_offsets
-from tabletopic.writer import TableWriter
+from tests.tablewriter import WriterSetup, table_writer
 
 TOPIC = "ahead"
 IDENT = ("default", TOPIC)
@@ -37,30 +30,14 @@ CONFIG: dict[str, str | None] = {
 }
 
 
-@dataclass
-class Setup:
-    storage: Storage
-    catalog: Catalog
-    writer: TableWriter
-
-
 @pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    storage = Storage(open_object_store((tmp_path / "objects").as_uri()),
-                      SqliteMetadataStore(tmp_path / "meta.db"), WalSettings(flush_interval_ms=1))
-    await storage.open()
-    catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
-    work = TableWork(storage.meta)
-    await work.open()
-    writer = TableWriter(TOPIC, storage, catalog, work, node_id=0, orphan_min_age_s=3600)
-    writer.write_ahead_bytes = 1  # every table read is written ahead
-    try:
-        yield Setup(storage, catalog, writer)
-    finally:
-        await storage.close()
+async def setup(tmp_path: Path) -> AsyncIterator[WriterSetup]:
+    async with table_writer(tmp_path, TOPIC) as s:
+        s.writer.write_ahead_bytes = 1  # every table read is written ahead
+        yield s
 
 
-async def backlog_written(s: Setup, per_partition: int) -> list[tuple[int, int]]:
+async def backlog_written(s: WriterSetup, per_partition: int) -> list[tuple[int, int]]:
     """Append a backlog to partitions 0 and 1, run the writer until the table holds it, and
     return the (partition, offset) of every row of the table."""
     await s.storage.create_topic(TOPIC, 2, CONFIG)
@@ -94,7 +71,7 @@ def data_files(catalog: Catalog) -> list[str]:
     return [t.file.file_path for t in catalog.load_table(IDENT).scan().plan_files()]
 
 
-async def test_a_backlog_written_ahead_lands_once(setup: Setup) -> None:
+async def test_a_backlog_written_ahead_lands_once(setup: WriterSetup) -> None:
     rows = await backlog_written(setup, 100)
     assert rows == [(p, o) for p in (0, 1) for o in range(100)]  # each record exactly once
     assert setup.writer.writes_ahead >= 2  # both partitions wrote ahead of their hand-in
@@ -104,7 +81,7 @@ async def test_a_backlog_written_ahead_lands_once(setup: Setup) -> None:
 
 
 async def test_a_failed_write_ahead_is_written_again_by_the_hand_in(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch
+    setup: WriterSetup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real: Callable[..., Any] = writer_module.write_data_files
     calls: list[int] = []
