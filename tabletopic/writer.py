@@ -33,7 +33,6 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from broker.engine import StorageEngine
@@ -60,19 +59,7 @@ __all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
 log = logging.getLogger(__name__)
 READ_BYTES = 4 << 20
 MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while file sets cannot be handed in
-# a partition's rows past this many Arrow bytes not yet in files are written to Parquet while
-# reading goes on (a backlog: the hand-in then only waits for the rest)
-WRITE_AHEAD_BYTES = 8 << 20
 FATE_CHECK_S = 0.1  # how often a worker with file sets waiting looks whether they landed
-
-
-@dataclass
-class Ahead:
-    """Data files of a partition's first `tables` tables, written ahead of the hand-in."""
-
-    tables: int
-    began_ms: int  # the files' age counts from here (orphans)
-    task: asyncio.Task[list[DataFile]]
 
 
 @dataclass
@@ -87,7 +74,6 @@ class PartitionState:
     dead: list[Invalid] = field(default_factory=list)
     records: int = 0
     bytes: int = 0
-    ahead: list[Ahead] = field(default_factory=list)  # files of `tables` under way, in order
     stopped: str | None = None  # errors.tolerance=none: why this partition stopped
     # taken up behind the log's end (a table switched on over a backlog, a new leader, a
     # restart): its rows are handed in as soon as it has read up to the end (`_caught_up`)
@@ -125,9 +111,6 @@ class TableWriter:
         self._poke = asyncio.Event()  # a new request, or new progress published
         self._stop = asyncio.Event()
         self._next_fate_check = 0.0
-        self._ahead_table: Table | None = None  # the table writes ahead last wrote with
-        self.write_ahead_bytes = WRITE_AHEAD_BYTES
-        self.writes_ahead = 0  # writes ahead started (/status)
         # steps retried after an error (WRITER_RETRY), commits rebuilt after a lost race
         self.retries = {"error": 0, "commit_conflict": 0}
         # tabletopic.ops: why an operator or an operation paused this writer (None: running);
@@ -368,31 +351,7 @@ class TableWriter:
             st.dead += dead
             st.read_next = last
             progressed = True
-            await self._write_ahead(st)
         return progressed
-
-    async def _write_ahead(self, st: PartitionState) -> None:
-        """Once the partition's tables not yet in files reach WRITE_AHEAD_BYTES, start writing
-        them (a thread) while reading goes on. The tables stay until the hand-in: should the
-        write fail, the hand-in writes them again (what it wrote is an orphan)."""
-        done = st.ahead[-1].tables if st.ahead else 0
-        tables = st.tables[done:]
-        if not tables or sum(t.nbytes for t in tables) < self.write_ahead_bytes:
-            return
-        data = pa.concat_tables(tables, promote_options="permissive")
-        table = self._ahead_table
-        if table is None or not covers(table, data.schema):
-            table = await asyncio.to_thread(
-                evolve_schema, self.catalog, self.config.identifier, data.schema)
-            self._ahead_table = table
-        if self.parts.get(st.partition) is not st or len(st.tables) != done + len(tables):
-            return  # dropped or handed in meanwhile
-        began_ms = int(time.time() * 1000)
-        task = asyncio.create_task(asyncio.to_thread(
-            write_data_files, table, data, self.config.layout.sort_by))
-        task.add_done_callback(_retrieve)  # awaited by the hand-in, unless dropped before
-        st.ahead.append(Ahead(done + len(tables), began_ms, task))
-        self.writes_ahead += 1
 
     # -- handing file sets in ---------------------------------------------------------------
     def _answer_due(self) -> bool:
@@ -445,27 +404,22 @@ class TableWriter:
         # the schema first, partition by partition (each writes with the table as it was
         # once its rows were covered); then every partition's files at once, in threads
         # (Arrow writes Parquet without the GIL: the partitions' writes overlap)
-        # files written ahead (_write_ahead) are taken as they are; a partition whose write
-        # ahead failed writes all its tables again
-        self._ahead_table = None
-        writes: list[tuple[FileSet, Table | None, pa.Table | None, list[Ahead]]] = []
+        writes: list[tuple[FileSet, Table | None, pa.Table | None]] = []
         table: Table | None = None
         for st in parts:
             if st.read_next <= st.flushed:
                 continue
             if st.dead:  # durable before the offsets move past them
                 await self.dlq.write(st.partition, st.dead)
-            ahead = await _landed(st.ahead)
-            done = ahead[-1].tables if ahead else 0
             data = None
-            if st.tables[done:]:
-                data = pa.concat_tables(st.tables[done:], promote_options="permissive")
+            if st.tables:
+                data = pa.concat_tables(st.tables, promote_options="permissive")
                 if table is None or not covers(table, data.schema):
                     table = await asyncio.to_thread(
                         evolve_schema, self.catalog, cfg.identifier, data.schema)
             fileset = FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
                               self.node_id, commit_id, "", st.records, len(st.dead), 0)
-            writes.append((fileset, table, data, ahead))
+            writes.append((fileset, table, data))
         written = await asyncio.gather(*(self._write_files(*w) for w in writes))
         sets = {s.partition: s for s in written}
         answers = [
@@ -484,22 +438,21 @@ class TableWriter:
                 through = sets[st.partition].next
                 st.waiting.append((st.flushed, through))
                 st.flushed = through
-                st.tables, st.dead, st.records, st.bytes, st.ahead = [], [], 0, 0, []
+                st.tables, st.dead, st.records, st.bytes = [], [], 0, 0
             if st.catching_up and self._read_to_end(st):
                 st.catching_up = False  # handed in (or nothing more to read): caught up
         self.answered = max(self.answered, commit_id)
         self._next_fate_check = 0.0
 
     async def _write_files(self, fileset: FileSet, table: Table | None,
-                           data: pa.Table | None, ahead: list[Ahead]) -> FileSet:
-        """`fileset` with the files written ahead and those of `data` (none without rows)."""
+                           data: pa.Table | None) -> FileSet:
+        """`fileset` with the data files of `data` written (none without rows)."""
         began_ms = int(time.time() * 1000)  # the files' age counts from here (orphans)
-        files: list[DataFile] = [f for a in ahead for f in a.task.result()]
+        files: list[Any] = []
         if data is not None:
             assert table is not None
-            files += await asyncio.to_thread(
+            files = await asyncio.to_thread(
                 write_data_files, table, data, self.config.layout.sort_by)
-        began_ms = min([began_ms, *(a.began_ms for a in ahead)])
         return replace(fileset, files=encode(files), written_ms=began_ms)
 
     # -- status ----------------------------------------------------------------------------
@@ -545,35 +498,9 @@ class TableWriter:
             "last_error": self.last_error or self.coordinator.last_error,
             "paused": self.paused,
             "retries": {**self.retries, "commit_conflict": self.coordinator.conflicts},
-            "writes_ahead": self.writes_ahead,
             "coordinator": self.coordinator.status(),
             "partitions": parts,
         }
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """A write ahead's outcome is read here too, so that one whose partition was dropped
-    before its hand-in is not reported as never retrieved."""
-    if not task.cancelled():
-        task.exception()
-
-
-async def _landed(ahead: list[Ahead]) -> list[Ahead]:
-    """The writes ahead that succeeded, in order, up to the first that failed (the tables
-    after it are written again)."""
-    out: list[Ahead] = []
-    for a in ahead:
-        try:
-            await asyncio.shield(a.task)
-        except asyncio.CancelledError:
-            if not a.task.cancelled():
-                raise  # we were cancelled, not the write
-            break
-        except Exception as e:
-            log.warning("a write ahead failed (its tables are written again): %r", e)
-            break
-        out.append(a)
-    return out
 
 
 def _decode_records(data: bytes, batches: list[BatchHeader], offset: int) -> list[Record]:
