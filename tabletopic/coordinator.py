@@ -209,7 +209,8 @@ class Coordinator:
             if commit_id is None:  # partition 0 moved on: not ours to coordinate
                 return
             self.on_request(commit_id)
-            await self._gather(commit_id, answer_wait_s(cfg), stopped)
+            if not await self._gather(commit_id, answer_wait_s(cfg), stopped):
+                return  # partition 0 moved on (or this broker's lease lapsed) meanwhile
             await self._commit(cfg)
         else:
             out = await self.work.outstanding(self.topic)
@@ -220,15 +221,20 @@ class Coordinator:
         if time.monotonic() >= self._next_orphan_check:
             await self._clean_orphans(cfg)
 
-    async def _gather(self, commit_id: int, wait_s: float, stopped: asyncio.Event) -> None:
-        """Until every partition with a leader has answered `commit_id`, or `wait_s`."""
+    async def _gather(self, commit_id: int, wait_s: float, stopped: asyncio.Event) -> bool:
+        """Until every partition with a leader has answered `commit_id`, or `wait_s`. False
+        as soon as this broker no longer leads partition 0 at the round's epoch (it is not the
+        coordinator any more: nothing to commit)."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and not stopped.is_set():
+            if self.storage.led_epoch(self.topic, 0) != self.epoch:
+                return False
             out = await self.work.outstanding(self.topic)
             led = [p for p, (node, _e) in out.leaders.items() if node >= 0]
             if all(p in out.workers and out.workers[p].answered >= commit_id for p in led):
-                return
+                return True
             await _sleep(stopped, POLL_S)
+        return True
 
     async def _commit(self, cfg: TableTopicConfig, out: Outstanding | None = None) -> None:
         """Steps 2-4. A lost race (the table moved meanwhile) reads everything again."""
