@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -404,7 +404,7 @@ class TableWriter:
         # the schema first, partition by partition (each writes with the table as it was
         # once its rows were covered); then every partition's files at once, in threads
         # (Arrow writes Parquet without the GIL: the partitions' writes overlap)
-        writes: list[tuple[FileSet, Table | None, pa.Table | None]] = []
+        writes: list[tuple[PartitionState, Table | None, pa.Table | None]] = []
         table: Table | None = None
         for st in parts:
             if st.read_next <= st.flushed:
@@ -417,11 +417,13 @@ class TableWriter:
                 if table is None or not covers(table, data.schema):
                     table = await asyncio.to_thread(
                         evolve_schema, self.catalog, cfg.identifier, data.schema)
-            fileset = FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
-                              self.node_id, commit_id, "", st.records, len(st.dead), 0)
-            writes.append((fileset, table, data))
-        written = await asyncio.gather(*(self._write_files(*w) for w in writes))
-        sets = {s.partition: s for s in written}
+            writes.append((st, table, data))
+        written = await asyncio.gather(*(self._write_files(t, d) for _st, t, d in writes))
+        sets = {  # partition -> the file set it hands in
+            st.partition: FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
+                                  self.node_id, commit_id, files, st.records, len(st.dead),
+                                  began_ms)
+            for (st, _t, _d), (files, began_ms) in zip(writes, written, strict=True)}
         answers = [
             Answer(st.partition, st.epoch, sets.get(st.partition),
                    0 if st.partition in sets else st.records,
@@ -444,16 +446,15 @@ class TableWriter:
         self.answered = max(self.answered, commit_id)
         self._next_fate_check = 0.0
 
-    async def _write_files(self, fileset: FileSet, table: Table | None,
-                           data: pa.Table | None) -> FileSet:
-        """`fileset` with the data files of `data` written (none without rows)."""
+    async def _write_files(self, table: Table | None, data: pa.Table | None) -> tuple[str, int]:
+        """The data files of `data` (none without rows), encoded, and when they were begun."""
         began_ms = int(time.time() * 1000)  # the files' age counts from here (orphans)
         files: list[Any] = []
         if data is not None:
             assert table is not None
             files = await asyncio.to_thread(
                 write_data_files, table, data, self.config.layout.sort_by)
-        return replace(fileset, files=encode(files), written_ms=began_ms)
+        return encode(files), began_ms
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -80,17 +80,16 @@ class ClusterNode:
         run out, with where the time went: waiting for the store's thread, or the
         transaction itself (a stalled event loop shows as a gap with neither)."""
         now = time.monotonic()
-        gap = began - self._renewed
-        if self._renewed and gap + (now - began) > self.settings.session_timeout_ms / 2000:
+        if self._renewed and now - self._renewed > self.settings.session_timeout_ms / 2000:
             log.warning("broker %d: lease renewed %.2f s after the last renewal (heartbeat"
                         " sent %.2f s after it, queued %.2f s, transaction %.2f s)",
-                        self.node_id, now - self._renewed, gap, started - began, now - started)
+                        self.node_id, now - self._renewed, began - self._renewed,
+                        started - began, now - started)
 
     def _set_view(self, view: ClusterView) -> None:
-        was = {b.node_id for b in self.view.brokers}
-        if {b.node_id for b in view.brokers} != was:
-            log.info("broker %d: live brokers %s (were %s)", self.node_id,
-                     sorted(b.node_id for b in view.brokers), sorted(was))
+        was, now = (sorted(b.node_id for b in v.brokers) for v in (self.view, view))
+        if now != was:
+            log.info("broker %d: live brokers %s (were %s)", self.node_id, now, was)
         self.view = view
         for listener in self.listeners:
             try:
