@@ -26,7 +26,14 @@ from broker.handlers import BrokerContext
 from broker.handlers.base import REGISTRY
 from broker.health import Health
 from broker.logcleaner import CleanerStats
-from broker.memtrim import MemoryTrimmer, limit_arenas, malloc_trim
+from broker.memtrim import (
+    ARENAS,
+    MMAP_THRESHOLD,
+    MemoryTrimmer,
+    fix_mmap_threshold,
+    limit_arenas,
+    malloc_trim,
+)
 from broker.metadata.tablestate import TableStates
 from broker.metadata.tablework import TableWork
 from broker.metrics import BrokerMetrics, Sources
@@ -231,7 +238,13 @@ def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool
 
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    limit_arenas()  # before the worker threads: see broker/memtrim.py
+    arenas, pinned = limit_arenas(), fix_mmap_threshold()  # before the worker threads
+    log.info(
+        "malloc: %s, %s (broker/memtrim.py)",
+        f"{ARENAS} arenas" if arenas else "arenas as glibc or MALLOC_ARENA_MAX decide",
+        f"mmap threshold {MMAP_THRESHOLD} bytes" if pinned
+        else "mmap threshold as glibc or MALLOC_MMAP_THRESHOLD_ decide",
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

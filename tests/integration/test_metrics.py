@@ -227,3 +227,20 @@ def test_memory_trim_interval_is_wired_into_the_broker(tmp_path: Path, interval_
     else:
         assert runs >= 3
         assert any(n == "floe_memory_trim_seconds_total" for n, _l in samples)
+
+
+@pytest.mark.parametrize("env", [{}, {"MALLOC_MMAP_THRESHOLD_": "1048576"}])
+def test_the_broker_pins_the_malloc_mmap_threshold(tmp_path: Path, env: dict[str, str]) -> None:
+    """broker/memtrim.py's malloc settings are applied by the broker itself at start (the
+    peak RSS, issue 17), and an operator's MALLOC_MMAP_THRESHOLD_ is left to decide."""
+    from broker.memtrim import MMAP_THRESHOLD
+    from tests.brokerproc import running_broker
+
+    with running_broker(tmp_path / "d", **env) as b:
+        b.admin_address()  # started
+        log = b.log()
+    line = next(ln for ln in log.splitlines() if "malloc:" in ln)
+    if env:
+        assert "mmap threshold as glibc or MALLOC_MMAP_THRESHOLD_ decide" in line, line
+    else:
+        assert f"mmap threshold {MMAP_THRESHOLD} bytes" in line, line

@@ -1,11 +1,14 @@
 """broker/memtrim.py on this machine's glibc: malloc_trim gives freed heap pages back (the
 broker's peak RSS, issue 17), the trimmer calls it off the event loop on its interval, and
-the arena cap applies. What must hold: freed heap memory leaves the process after a trim
-(RSS drops), and the event loop keeps running while trims run."""
+the arena cap and the pinned mmap threshold apply. What must hold: freed heap memory leaves
+the process after a trim (RSS drops), large blocks leave it when freed once the threshold is
+pinned, even after a larger block was freed, and the event loop keeps running while trims
+run."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +21,7 @@ from broker.memtrim import MemoryTrimmer, malloc_trim
 FRAGMENT = textwrap.dedent(
     """
     import ctypes, json, sys
-    from broker.memtrim import limit_arenas, malloc_trim
+    from broker.memtrim import fix_mmap_threshold, limit_arenas, malloc_trim
 
     def rss_mib():
         with open("/proc/self/status") as f:
@@ -26,25 +29,30 @@ FRAGMENT = textwrap.dedent(
         return int(line.split()[1]) / 1024
 
     arenas = limit_arenas()
-    big = bytearray(16 << 20); del big  # glibc raises its mmap threshold to it: 1 MiB blocks
-    blocks = [bytearray(1 << 20) for _ in range(256)]  # now come from the heap
+    pinned = fix_mmap_threshold() if sys.argv[1] == "pinned" else False
+    big = bytearray(16 << 20); del big  # unpinned, glibc raises its threshold to 16 MiB
+    blocks = [bytearray(1 << 20) for _ in range(256)]  # 1 MiB: from the heap unless pinned
     for b in blocks:
         b[::4096] = b"x" * len(b[::4096])  # touch every page
-    del blocks[::2]  # holes inside the heap: free, still resident
+    full = rss_mib()
+    del blocks[::2]  # 128 MiB freed: holes inside the heap (still resident) unless pinned
     before = rss_mib()
     released = malloc_trim()() if sys.argv[1] == "trim" else False
     after = rss_mib()
-    print(json.dumps({"before": before, "after": after, "released": released,
-                      "arenas": arenas}))
+    print(json.dumps({"full": full, "before": before, "after": after, "released": released,
+                      "arenas": arenas, "pinned": pinned}))
     """
 )
 
 
 def _run(mode: str) -> dict[str, float]:
+    """FRAGMENT in a fresh interpreter (glibc's malloc state is per process); MALLOC_* taken
+    out of the environment, which would override the mallopt calls."""
     import json
 
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", FRAGMENT, mode], capture_output=True,
-                         text=True, timeout=60, check=True)
+                         text=True, timeout=60, check=True, env=env)
     result: dict[str, float] = json.loads(out.stdout)
     return result
 
@@ -55,8 +63,16 @@ def test_a_trim_gives_the_freed_heap_pages_back() -> None:
     trimmed = _run("trim")
     assert trimmed["arenas"]  # mallopt(M_ARENA_MAX) took
     # 128 MiB freed inside the heap: without a trim it stays resident, with one it leaves
-    assert kept["after"] > kept["before"] - 16, kept
+    assert kept["before"] > kept["full"] - 16 and kept["after"] > kept["before"] - 16, kept
     assert trimmed["released"] and trimmed["after"] < trimmed["before"] - 96, trimmed
+
+
+@pytest.mark.skipif(malloc_trim() is None, reason="needs glibc (mallopt)")
+def test_with_the_threshold_pinned_large_blocks_leave_when_freed() -> None:
+    pinned = _run("pinned")
+    assert pinned["pinned"], pinned  # mallopt(M_MMAP_THRESHOLD) took
+    # the same 128 MiB freed, no trim: each 1 MiB block was its own mapping, unmapped on free
+    assert pinned["before"] < pinned["full"] - 96, pinned
 
 
 async def test_the_trimmer_runs_on_its_interval_off_the_event_loop() -> None:
