@@ -46,6 +46,7 @@ def run(seconds: float, partitions: int, profile: Path | None,
     res = TableRun()
     spies: list[subprocess.Popen[bytes]] = []
     cpu: list[float] = []
+    peak = 0
     with Processes(work / "logs") as procs:
         system = System(FLOE_FILE, procs, work / "data", metrics=True, floe_root=floe_root)
         system.start()
@@ -65,6 +66,7 @@ def run(seconds: float, partitions: int, profile: Path | None,
             _backlog(procs, system, plan, work, address, res, on_switch=switch,
                      extra_configs=configs)
             cpu.append(cpu_seconds(pid))
+            peak = system.peak_rss_bytes
         finally:
             system.stop()
             for s in spies:
@@ -75,6 +77,7 @@ def run(seconds: float, partitions: int, profile: Path | None,
         "catch_up_s": round(res.backlog_rows / res.backlog_rows_s, 2)
         if res.backlog_rows_s else None,
         "broker_cpu_s": round(cpu[1] - cpu[0], 2) if len(cpu) == 2 else None,
+        "peak_rss_mib": round(peak / 2**20) if peak else None,
         "rows_over_time": _steps(res.backlog_samples),
         "error": res.error,
     }

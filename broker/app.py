@@ -30,6 +30,7 @@ from broker.memtrim import (
     ARENAS,
     MMAP_THRESHOLD,
     MemoryTrimmer,
+    arrow_system_pool,
     fix_mmap_threshold,
     limit_arenas,
     malloc_trim,
@@ -239,11 +240,14 @@ def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     arenas, pinned = limit_arenas(), fix_mmap_threshold()  # before the worker threads
+    system_pool = arrow_system_pool()
     log.info(
-        "malloc: %s, %s (broker/memtrim.py)",
+        "malloc: %s, %s; %s (broker/memtrim.py)",
         f"{ARENAS} arenas" if arenas else "arenas as glibc or MALLOC_ARENA_MAX decide",
         f"mmap threshold {MMAP_THRESHOLD} bytes" if pinned
         else "mmap threshold as glibc or MALLOC_MMAP_THRESHOLD_ decide",
+        "pyarrow allocates with it" if system_pool
+        else "pyarrow's pool as it or ARROW_DEFAULT_MEMORY_POOL decide",
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

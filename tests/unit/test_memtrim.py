@@ -100,3 +100,27 @@ async def test_the_trimmer_runs_on_its_interval_off_the_event_loop() -> None:
     runs = sum(s.value for m in trimmer.collect() for s in m.samples
                if s.name == "floe_memory_trim_runs_total")
     assert runs == trimmer.runs
+
+
+@pytest.mark.parametrize("env", ["", "mimalloc"])
+@pytest.mark.parametrize("imported", [False, True])
+def test_pyarrow_allocates_with_the_system_allocator(env: str, imported: bool) -> None:
+    """arrow_system_pool: pyarrow's default pool becomes malloc (what the table writers free
+    goes back with the rest), before pyarrow is imported for Arrow C++ too (the variable it
+    reads), unless the operator's ARROW_DEFAULT_MEMORY_POOL decides; a second call keeps
+    the first decision."""
+    code = ("import os, sys\n"
+            + ("import pyarrow\n" if imported else "")
+            + "from broker.memtrim import arrow_system_pool\n"
+            "took = arrow_system_pool(), arrow_system_pool()\n"
+            "import pyarrow as pa\n"
+            "print(*took, pa.default_memory_pool().backend_name,"
+            " os.environ.get('ARROW_DEFAULT_MEMORY_POOL', '-'))")
+    base = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    extra = {"ARROW_DEFAULT_MEMORY_POOL": env} if env else {}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True, env={**base, **extra}).stdout.split()
+    if env:
+        assert out == ["False", "False", env, env], out
+    else:
+        assert out == ["True", "True", "system", "-" if imported else "system"], out
