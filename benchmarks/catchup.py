@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,7 @@ def run(
         for s in spies:
             s.wait(30)
         raw = ceilings.raw_object_store(system.object_store_url, wal_sizes, budget_s=8.0)
+    shutil.rmtree(work / "data", ignore_errors=True)  # gigabytes; the logs stay
     mib = read.get("bytes", 0) / 2**20
     out = {
         "acked": acked,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,7 @@ def run(seconds: float, partitions: int, profile: Path | None,
             system.stop()
             for s in spies:
                 s.wait(30)
+            shutil.rmtree(work / "data", ignore_errors=True)  # the logs stay
     out: dict[str, Any] = {
         "backlog_rows": res.backlog_rows,
         "backlog_rows_s": round(res.backlog_rows_s),

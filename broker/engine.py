@@ -245,6 +245,12 @@ class StorageEngine(Protocol):
         ...
 
     # -- produce
+    async def room(self) -> None:
+        """Wait while the engine holds as much produced data not yet durable as it may (a
+        producer faster than the store waits for it); the Produce handler awaits it before
+        appending, so the connection reads no further request meanwhile."""
+        ...
+
     def append(
         self, topic: str, partition: int, data: bytes | None
     ) -> asyncio.Future[AppendResult]: ...

@@ -274,6 +274,9 @@ class Storage(TopicTable):
         t.configs = valid
 
     # -- produce ---------------------------------------------------------------------------
+    async def room(self) -> None:
+        await self.log.room()  # see s3stream.wal: WAL bytes appended and not yet committed
+
     def append(
         self, topic: str, partition: int, data: bytes | None
     ) -> asyncio.Future[AppendResult]:

@@ -78,6 +78,16 @@ class StorageCollector(Collector):
         yield histogram_family("floe_wal_flush_latency_seconds",
                                "Time of one WAL flush: object PUT plus metadata commit.", [],
                                [([], st.wal_flush_seconds)])
+        yield GaugeMetricFamily("floe_wal_unflushed_bytes",
+                                "Bytes appended and not yet committed or failed.",
+                                value=log.unflushed_bytes)
+        yield CounterMetricFamily("floe_produce_room_waits",
+                                  "Produce requests that waited for the WAL to commit what it"
+                                  " held (more than (wal.max.inflight.flushes + 1) x"
+                                  " wal.flush.max.bytes).", value=st.room_waits)
+        yield CounterMetricFamily("floe_produce_room_wait_seconds",
+                                  "Time Produce requests waited for room in the WAL.",
+                                  value=st.room_wait_seconds)
         yield histogram_family("floe_metadata_queue_seconds",
                                "Wait of a metadata store call for the store's one thread.", [],
                                [([], log.meta.queue_seconds)])

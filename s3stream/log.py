@@ -101,6 +101,7 @@ class LogStore(WalMixin, ReaderMixin):
         self._closed = True
         self._wake.set()
         self._full.set()
+        self._room.set()  # producers waiting for room: their appends now fail (closing)
         if self._flusher is not None:
             await self._flusher
         self.cancel_read_ahead()

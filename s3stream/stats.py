@@ -58,6 +58,8 @@ class LogStats:
     wal_flush_failures: int = 0
     wal_flush_bytes: Histogram = field(default_factory=lambda: Histogram(SIZE_BUCKETS))
     wal_flush_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    room_waits: int = 0  # `room()` calls that had to wait (a producer faster than the store)
+    room_wait_seconds: float = 0.0
 
 
 @dataclass

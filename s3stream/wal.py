@@ -14,6 +14,12 @@ Contract (what the broker relies on):
   streams' next offset goes back to their durable end offset (`_fail`): an offset is never
   handed out twice (AutoMQ #3033 is the bug not to have). A chunk is committed only if it
   starts exactly at its stream's end offset (`_committable`).
+- Memory is bounded: a flush takes at most `flush_max_bytes` of the pending appends (and at
+  least one), and `room()` waits while the bytes appended and not yet committed or failed
+  exceed `unflushed_limit` (`flush_max_bytes` x (`max_inflight_flushes` + 1)): a producer
+  faster than the store waits for it (the broker's Produce handler awaits `room()` before
+  appending, so that connection reads nothing more meanwhile) instead of the broker
+  holding everything it was sent.
 - Listeners see producer bookkeeping synchronously: `on_durable` for every idempotent append
   the moment it is committed, `on_failed` with the streams whose appends failed, before any
   future of theirs resolves (nothing can be checked against a stale view in between).
@@ -153,6 +159,37 @@ class WalMixin(IndexMixin):
         self._flushing: deque[_Flush] = deque()
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
+        self._cut_bytes = 0  # bytes of the flushes cut and not done (committed or failed)
+        self._room = asyncio.Event()  # set while below `unflushed_limit`
+        self._room.set()
+
+    @property
+    def unflushed_limit(self) -> int:
+        return self.settings.flush_max_bytes * (self.settings.max_inflight_flushes + 1)
+
+    async def room(self) -> None:
+        """Wait until the bytes appended and not yet committed or failed are below
+        `unflushed_limit` (at once if they are, or the log is closing)."""
+        if self._closed or self.unflushed_bytes < self.unflushed_limit:
+            return
+        began = time.monotonic()
+        self.stats.room_waits += 1
+        try:
+            while not self._closed and self.unflushed_bytes >= self.unflushed_limit:
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            self.stats.room_wait_seconds += time.monotonic() - began
+
+    @property
+    def unflushed_bytes(self) -> int:
+        """Bytes appended and not yet committed or failed: pending, or in flushes cut."""
+        return self._pending_bytes + self._cut_bytes
+
+    def _freed(self) -> None:
+        """Wake `room()` waiters once the unflushed bytes are below the limit."""
+        if self._closed or self.unflushed_bytes < self.unflushed_limit:
+            self._room.set()
 
     def append(
         self,
@@ -211,15 +248,31 @@ class WalMixin(IndexMixin):
                 slots.release()
                 continue
             # the cut and its registration as in flight: no await in between (see `_fail`)
-            batch, nbytes = self._pending, self._pending_bytes
-            self._pending, self._pending_bytes = [], 0
-            self._full.clear()
+            batch, nbytes = self._cut()
             served = [p for p in batch if self.streams.get(p.stream.stream_id) is p.stream]
             flush = _Flush(batch, nbytes, time.monotonic(), served)
             self._flushing.append(flush)
             last = asyncio.create_task(self._run_flush(flush, last, slots), name="wal-flush")
         if last is not None:  # close: drain every flush in flight
             await asyncio.wait([last])
+
+    def _cut(self) -> tuple[list[_Pending], int]:
+        """Take the oldest pending appends, up to `flush_max_bytes` (at least one): what a
+        producer sent while every flush slot was busy goes into the next objects, not one
+        object as large as all of it."""
+        limit = self.settings.flush_max_bytes
+        n, nbytes = 0, 0
+        for p in self._pending:
+            if n and nbytes + len(p.data) > limit:
+                break
+            n += 1
+            nbytes += len(p.data)
+        batch, self._pending = self._pending[:n], self._pending[n:]
+        self._pending_bytes -= nbytes
+        self._cut_bytes += nbytes
+        if self._pending_bytes < limit:
+            self._full.clear()
+        return batch, nbytes
 
     async def _run_flush(
         self, f: _Flush, prev: asyncio.Task[None] | None, slots: asyncio.Semaphore
@@ -255,6 +308,8 @@ class WalMixin(IndexMixin):
                 self.stats.wal_flush_seconds.observe(time.monotonic() - f.began)
                 self.stats.wal_flush_bytes.observe(f.nbytes)
         finally:
+            self._cut_bytes -= f.nbytes
+            self._freed()
             slots.release()
 
     async def _settle(self, f: _Flush, uploaded: _Object | Exception | None) -> bool:
@@ -329,6 +384,7 @@ class WalMixin(IndexMixin):
         later += [p for p in self._pending if p.stream.stream_id in streams]
         self._pending = [p for p in self._pending if p.stream.stream_id not in streams]
         self._pending_bytes = sum(len(p.data) for p in self._pending)
+        self._freed()
         for p in batch + later:
             p.stream.next_offset = p.stream.end_offset
         if self.on_failed is not None:  # before any future resolves: no stale window

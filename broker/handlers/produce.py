@@ -37,6 +37,7 @@ async def produce(
     ctx: BrokerContext, head: RequestHead, req: ProduceRequest
 ) -> Reply[ProduceResponse]:
     storage = ctx.storage
+    await storage.room()  # memory: a producer faster than the store waits here for it
     entries: list[tuple[str, int, asyncio.Future[AppendResult] | KafkaError]] = []
     for td in req.topic_data:
         for pd in td.partition_data:

@@ -1,5 +1,7 @@
 """Object-store faults under a live producer: 503 SlowDown, 500s, stalls longer than the flush
-interval and the S3 timeouts, and SIGKILLs while WAL objects are being compacted.
+interval and the S3 timeouts, and SIGKILLs while WAL objects are being compacted; a stall
+under a producer far faster than the store holds the producer back instead of the broker
+buffering all it is sent.
 
 What must survive: every acknowledged record, at the offset it was acknowledged with; no offset
 holds two records; with an idempotent producer no record is written twice. Produces during a
@@ -47,8 +49,11 @@ def proxied_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3FaultProxy]:
 class SteadyProducer:
     """An idempotent producer sending distinct values in a background thread."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, tag: str = "r") -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, tag: str = "r", size: int = 0
+    ) -> None:
         self.tag = tag
+        self.size = size  # values padded to this many bytes
         self.acked: dict[tuple[int, int], bytes] = {}
         self.errors: list[str] = []
         self.sent = 0
@@ -75,7 +80,7 @@ class SteadyProducer:
                 try:
                     self._p.produce(
                         topic,
-                        f"{self.tag}{self.sent}".encode(),
+                        f"{self.tag}{self.sent}".encode().ljust(self.size, b"."),
                         partition=self.sent % partitions,
                         on_delivery=done,
                     )
@@ -139,6 +144,52 @@ def test_slowdown_errors_and_stalls_lose_and_duplicate_nothing(
         broker.kill()  # and it is all in the bucket
         broker.start()
         check(broker.bootstrap, "faulty", 3, prod.acked)
+    finally:
+        broker.stop()
+
+
+def test_a_stalled_store_holds_producers_back_with_bounded_memory(
+    tmp_path: Path, proxied_s3: S3FaultProxy
+) -> None:
+    """While the store stalls, the broker holds at most (wal.max.inflight.flushes + 1) x
+    wal.flush.max.bytes of produced data not yet durable, plus the requests it is reading
+    (a producer with 4 KiB records waits: its Produce requests stay unanswered); nothing
+    is acknowledged meanwhile, and once the store answers again every record is, none lost
+    or written twice."""
+    from tests.integration.test_metrics import scrape, total
+
+    url = (
+        f"s3://{BUCKET}/bp?endpoint={proxied_s3.endpoint}&region=us-east-1"
+        "&timeout=3&read_timeout=2&connect_timeout=1"
+    )
+    limit = 2 * 256 * 1024
+    args = ["--object-store", url, "--set", "wal.flush.max.bytes=262144",
+            "--set", "wal.max.inflight.flushes=1"]
+    broker = BrokerProcess(data_dir=tmp_path / "d", extra_args=args).start()
+    try:
+        admin_address = broker.admin_address()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("pressed", 3, 1)])["pressed"].result(10)
+        with SteadyProducer(broker.bootstrap, "pressed", 3, size=4096) as prod:
+            time.sleep(1)
+            proxied_s3.set_mode("stall")
+            time.sleep(0.5)  # flushes in flight when the fault began may still land
+            frozen = len(prod.acked)
+            held: list[float] = []
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                held.append(total(scrape(admin_address), "floe_wal_unflushed_bytes"))
+                time.sleep(0.1)
+            assert len(prod.acked) == frozen, "acks while the object store stalled"
+            waits = total(scrape(admin_address), "floe_produce_room_waits_total")
+            proxied_s3.set_mode("pass")
+            time.sleep(2)
+        # a Produce request of librdkafka holds at most message.max.bytes (1,000,000)
+        assert max(held) <= limit + 1_000_000, f"held {max(held):.0f} bytes (limit {limit})"
+        assert max(held) >= limit / 2, held  # the producer did push against it
+        assert waits > 0
+        assert len(prod.acked) > frozen and not prod.errors, prod.errors[:3]
+        check(broker.bootstrap, "pressed", 3, prod.acked)
     finally:
         broker.stop()
 

@@ -4,7 +4,9 @@ What must hold: several WAL objects upload at once, but their metadata commits h
 order they were cut, so an ack never overtakes an earlier flush; when an upload fails, every
 later append of its streams (in flushes already uploading, or pending) fails too and the
 stream rewinds, so a retry gets the same offsets (no gap, no reuse), while other streams'
-appends in those later flushes still commit; close waits for every flush in flight."""
+appends in those later flushes still commit; close waits for every flush in flight. Memory
+is bounded: a flush takes at most `flush.max.bytes` of what is pending, and `room()` holds
+producers back while more than the limit is appended and not yet committed."""
 
 from __future__ import annotations
 
@@ -113,6 +115,29 @@ async def env(object_store_url: str, tmp_path: Path) -> AsyncIterator[Env]:
     await meta.close()
 
 
+@pytest.fixture
+async def small_env(object_store_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+    """As `env`, with objects of at most 100 bytes, one flush in flight: at most 200 bytes
+    appended and not yet committed before `room()` waits."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    streams = await meta.create_streams(2)
+    store = Gated(open_object_store(object_store_url))
+    settings = WalSettings(flush_interval_ms=1, max_inflight_flushes=1, flush_max_bytes=100)
+    log = LogStore(store, meta, settings)
+    await log.open(streams, [])
+    yield log, store, meta, [s.stream_id for s in streams]
+    for ev in store.held.values():
+        ev.set()
+    await log.close()
+    await store.close()
+    await meta.close()
+
+
+def data60(tag: str) -> Callable[[int], bytes]:
+    return lambda base: f"{tag}@{base}".encode().ljust(60, b".")
+
+
 def data(tag: str) -> Callable[[int], bytes]:
     return lambda base: f"{tag}@{base}".encode()
 
@@ -215,3 +240,54 @@ def test_max_inflight_flushes_must_be_at_least_one(tmp_path: Path) -> None:
         load_settings({"data.dir": str(tmp_path), "wal.max.inflight.flushes": "0"}, environ={})
     flags = {"data.dir": str(tmp_path), "wal.max.inflight.flushes": "2"}
     assert load_settings(flags, environ={}).wal_max_inflight_flushes == 2
+
+
+async def test_a_flush_takes_at_most_flush_max_bytes(small_env: Env) -> None:
+    """What arrives while every flush slot is busy goes into objects of at most
+    flush.max.bytes (at least one append each), not one object as large as all of it."""
+    log, store, meta, (a, b) = small_env
+    store.hold(0)
+    _, first = log.append(a, 1, 0, data60("a0"))
+    await store.seen("start 0")
+    later = [log.append((a, b)[i % 2], 1, 0, data60(f"x{i}"))[1] for i in range(3)]
+    store.release(0)
+    assert [await outcome(f) for f in (first, *later)] == [0, 1, 0, 2]
+    assert sum(e.startswith("start") for e in store.events) == 4  # 60 + 60 > 100: one each
+    assert [c[0] for c in await log.read(a, 0, 1 << 20)] == [0, 1, 2]
+    _streams, chunks = await meta.load()
+    assert len({c.object_id for c in chunks}) == 4
+
+
+async def test_room_waits_while_too_much_is_not_yet_committed(small_env: Env) -> None:
+    """A producer faster than the store waits in `room()` until flushes commit (the limit
+    here: 200 bytes), then goes on; nothing is lost meanwhile."""
+    log, store, _meta, (a, b) = small_env
+    await asyncio.wait_for(log.room(), WAIT)  # nothing held yet: at once
+    store.hold(0)
+    _, first = log.append(a, 1, 0, data60("a0"))
+    await store.seen("start 0")
+    later = [log.append(b, 1, 0, data60(f"b{i}"))[1] for i in range(3)]  # 240 bytes held
+    waiting = asyncio.create_task(log.room())
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "room() returned with 240 of 200 bytes not committed"
+    store.release(0)
+    await asyncio.wait_for(waiting, WAIT)  # flush 0 committed: 180 bytes left
+    assert [await outcome(f) for f in (first, *later)] == [0, 0, 1, 2]
+    await asyncio.wait_for(log.room(), WAIT)
+
+
+async def test_room_returns_when_the_log_closes(small_env: Env) -> None:
+    log, store, _meta, (a, _b) = small_env
+    store.hold(0)
+    _, first = log.append(a, 1, 0, data60("a0"))
+    await store.seen("start 0")
+    rest = [log.append(a, 1, 0, data60(f"a{i}"))[1] for i in range(1, 4)]
+    waiting = asyncio.create_task(log.room())
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    closing = asyncio.create_task(log.close())
+    await asyncio.wait_for(waiting, WAIT)  # before the flush in flight is released
+    assert not closing.done()
+    store.release(0)
+    await asyncio.wait_for(closing, WAIT)
+    assert [await outcome(f) for f in (first, *rest)] == [0, 1, 2, 3]  # close flushes them
