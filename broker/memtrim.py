@@ -33,7 +33,10 @@ after it comes from the heap. Measured (max-1k-16p: 15 s of max-rate produce the
 read back, compaction running; file store, 2 vCPUs, runs alternated): broker peak 448-592
 MiB unpinned (6 runs), 444-452 at 512 KiB (3), 450-458 at 256 KiB (5), 511-516 at 1 MiB
 (2); produce CPU 3.6-4.6 s/GiB unpinned, 3.7-5.1 at 512 KiB, 4.5-5.5 at 256 KiB (each
-block mapped anew costs its page faults), 3.3-3.5 at 1 MiB.
+block mapped anew costs its page faults), 3.3-3.5 at 1 MiB. Later, with the WAL's memory
+bounded (s3stream/wal.py): pinned 139/181 MiB/s of produce (5.3/4.2 s/GiB) against 168/201
+(4.1/3.5) with MALLOC_MMAP_THRESHOLD_=32 MiB, 2 pairs; whole-run peak 423-424 MiB at 512
+KiB, 470-472 at 1 MiB. The price: up to ~15% of max-rate produce CPU.
 
 `arrow_system_pool` makes pyarrow allocate with the same glibc malloc (unless
 ARROW_DEFAULT_MEMORY_POOL is set): its default, mimalloc, keeps what the table writers'
