@@ -170,12 +170,12 @@ class WalMixin(IndexMixin):
     async def room(self) -> None:
         """Wait until the bytes appended and not yet committed or failed are below
         `unflushed_limit` (at once if they are, or the log is closing)."""
-        if self._closed or self.unflushed_bytes < self.unflushed_limit:
+        if self._has_room():
             return
         began = time.monotonic()
         self.stats.room_waits += 1
         try:
-            while not self._closed and self.unflushed_bytes >= self.unflushed_limit:
+            while not self._has_room():
                 self._room.clear()
                 await self._room.wait()
         finally:
@@ -186,9 +186,12 @@ class WalMixin(IndexMixin):
         """Bytes appended and not yet committed or failed: pending, or in flushes cut."""
         return self._pending_bytes + self._cut_bytes
 
+    def _has_room(self) -> bool:
+        return self._closed or self.unflushed_bytes < self.unflushed_limit
+
     def _freed(self) -> None:
         """Wake `room()` waiters once the unflushed bytes are below the limit."""
-        if self._closed or self.unflushed_bytes < self.unflushed_limit:
+        if self._has_room():
             self._room.set()
 
     def append(
