@@ -22,10 +22,11 @@ from broker.handlers.base import (
     nested,
     nested_or_none,
     resp,
+    when_done,
 )
 from broker.handlers.txn import coordinator
 from broker.protocol.codec import RequestHead
-from broker.protocol.records import CorruptBatchError, read_header
+from broker.protocol.records import BatchHeader, CorruptBatchError, read_header
 from broker.schemavalidation import InvalidRecords
 from broker.txn.markers import is_transactional
 
@@ -44,9 +45,11 @@ async def produce(
             try:
                 if req.acks not in (0, 1, -1):
                     raise KafkaError(ErrorCode.invalid_required_acks, f"acks={req.acks}")
-                await _check_transactional(
-                    ctx, req.transactional_id, td.name, pd.index, pd.records
-                )
+                txn = _transactional(req.transactional_id, pd.records)
+                if txn is not None:
+                    await coordinator(ctx).verify_write(
+                        txn[0], txn[1].producer_id, txn[1].producer_epoch, td.name, pd.index
+                    )
                 if ctx.schemas is not None and pd.records:
                     # awaited before this partition's append: see broker/schemavalidation.py
                     await ctx.schemas.check(td.name, pd.records, storage.topic(td.name).config)
@@ -62,41 +65,38 @@ async def produce(
                 entry.add_done_callback(lambda f: f.exception())  # retrieved: nobody waits
         return NO_RESPONSE
     timeout = max(req.timeout.total_seconds(), 0.001)
-    return Later(_respond(ctx, head, entries, timeout))
+    futures = [e for *_, e in entries if isinstance(e, asyncio.Future)]
+    return Later(when_done(futures, timeout, lambda: _response(ctx, head, entries)))
 
 
-async def _check_transactional(
-    ctx: BrokerContext, tid: str | None, topic: str, partition: int, data: bytes | None
-) -> None:
+def _transactional(tid: str | None, data: bytes | None) -> tuple[str, BatchHeader] | None:
     """A transactional batch comes with its transactional id, from the id's current producer
-    and epoch, to a partition of its open transaction (KIP-890 part 1); clients never send
-    control batches."""
+    and epoch (what the caller verifies with the coordinator: returned here), to a partition
+    of its open transaction (KIP-890 part 1); clients never send control batches."""
     try:
         h = read_header(data) if data else None
     except CorruptBatchError:
-        return  # the append answers CORRUPT_MESSAGE
+        return None  # the append answers CORRUPT_MESSAGE
     if h is None:
-        return
+        return None
     if h.is_control:
         raise KafkaError(ErrorCode.invalid_record, "clients may not write control batches")
     if tid is None:
         if is_transactional(h):
             raise KafkaError(ErrorCode.invalid_record, "transactional batch without an id")
-        return
+        return None
     if not is_transactional(h) or h.producer_id < 0:
         raise KafkaError(ErrorCode.invalid_record, "a transactional produce of a plain batch")
-    await coordinator(ctx).verify_write(tid, h.producer_id, h.producer_epoch, topic, partition)
+    return tid, h
 
 
-async def _respond(
+def _response(
     ctx: BrokerContext,
     head: RequestHead,
     entries: list[tuple[str, int, asyncio.Future[AppendResult] | KafkaError]],
-    timeout: float,
 ) -> ProduceResponse:
-    futures = [e for *_, e in entries if isinstance(e, asyncio.Future)]
-    if futures:
-        await asyncio.wait(futures, timeout=timeout)
+    """The answer once every append is durable or the request's timeout has passed (an
+    append not done by then answers REQUEST_TIMED_OUT)."""
     part_cls = nested(head, "PartitionProduceResponse")
     topic_cls = nested(head, "TopicProduceResponse")
     err_cls = nested_or_none(head, "BatchIndexAndErrorMessage")

@@ -14,11 +14,10 @@ from functools import cache
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i32
+from kio.serial import entity_reader
 
 from broker.protocol.framecheck import MalformedFrame, check_request
-from broker.protocol.recordset import RecordSet
+from broker.protocol.writer import Out, writer_of
 
 _PEEK = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
@@ -51,6 +50,7 @@ class _Codec:
     response_type: type[Any]
     read_header: Any
     read_body: Any
+    response_header: type[Any]
     write_response_header: Any
     write_response: Any
 
@@ -59,13 +59,15 @@ class _Codec:
 def _codec(api_key: int, api_version: int) -> _Codec:
     req = load_request_schema(api_key, api_version)
     resp = load_response_schema(api_key, api_version)
+    header: type[Any] = resp.__header_schema__
     return _Codec(
         request_type=req,
         response_type=resp,
         read_header=entity_reader(req.__header_schema__),
         read_body=entity_reader(req),
-        write_response_header=entity_writer(resp.__header_schema__),
-        write_response=entity_writer(resp),
+        response_header=header,
+        write_response_header=writer_of(header),
+        write_response=writer_of(resp),
     )
 
 
@@ -90,11 +92,12 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
 
 
 def decode_request(
-    frame: bytes | memoryview, supported: tuple[int, int] | None
+    frame: bytes | memoryview, supported: tuple[int, int] | None, client_host: str = ""
 ) -> tuple[RequestHead, object]:
     """Decode a whole request frame (without its size prefix) into its header and body.
 
-    `supported` is the broker's version range for the frame's api key (None: not served)."""
+    `supported` is the broker's version range for the frame's api key (None: not served);
+    `client_host` goes into the head (the network layer's "/address" of the peer)."""
     api_key, api_version, correlation_id = peek(frame)
     if supported is None or not supported[0] <= api_version <= supported[1]:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
@@ -119,7 +122,7 @@ def decode_request(
         raise ProtocolError(f"api {api_key} v{api_version} request broke the decoder: {e!r}") from e
     # Bytes after the body are ignored, as Apache Kafka does: librdkafka 2.16 sends a null
     # topics array in Metadata v12 followed by three stray zero bytes.
-    head = RequestHead(api_key, api_version, correlation_id, header.client_id)
+    head = RequestHead(api_key, api_version, correlation_id, header.client_id, client_host)
     return head, body
 
 
@@ -131,48 +134,16 @@ def response_type(api_key: int, api_version: int) -> type[Any]:
     return _codec(api_key, api_version).response_type
 
 
-class _Parts:
-    """A write-only buffer for kio's writers that keeps large values (records) as they are,
-    by reference, and copies only the small fields around them into shared bytearrays. A
-    fetch's `records` may be a RecordSet (broker/protocol/recordset.py): kio writes its
-    len() and hands it to write(), which takes its views."""
-
-    BIG = 64 * 1024
-
-    def __init__(self) -> None:
-        self.parts: list[bytes | bytearray | memoryview] = [bytearray(4)]
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview | RecordSet) -> int:
-        if isinstance(data, RecordSet):  # a fetch's records: its views, as they are
-            for part in data.parts:
-                self.write(part)
-            return len(data)
-        n = len(data)
-        if n >= self.BIG:  # a bytearray part would be appended to: a view of it instead
-            self.parts.append(memoryview(data) if isinstance(data, bytearray) else data)
-        elif isinstance(tail := self.parts[-1], bytearray):
-            tail += data
-        else:
-            self.parts.append(bytearray(data))
-        self.size += n
-        return n
-
-
 def encode_response_parts(
     api_key: int, api_version: int, correlation_id: int, response: object
 ) -> tuple[list[bytes | bytearray | memoryview], int]:
     """The size-prefixed response frame as parts to write one after the other (large record
-    sets not copied), and its length."""
+    sets not copied: broker/protocol/writer.py), and its length."""
     codec = _codec(api_key, api_version)
-    out = _Parts()
-    header_type = codec.response_type.__header_schema__
-    codec.write_response_header(out, header_type(correlation_id=i32(correlation_id)))
+    out = Out()
+    codec.write_response_header(out, codec.response_header(correlation_id=correlation_id))
     codec.write_response(out, response)
-    first = out.parts[0]
-    assert isinstance(first, bytearray)
-    _SIZE.pack_into(first, 0, out.size)
-    return out.parts, out.size + 4
+    return out.parts()
 
 
 def encode_response(

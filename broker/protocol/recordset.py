@@ -6,11 +6,8 @@ cutting that again for a byte limit or the last stable offset, copied every byte
 or twice and made each fetch allocate and free buffers of megabytes (which glibc then keeps:
 the broker's peak RSS, issue 17). A `RecordSet` keeps the batches as read-only views of the
 chunks (one view per run of adjacent batches in a chunk) with each batch's end and last
-offset, so cutting it copies nothing, and the response encoder (broker.protocol.codec._Parts)
-writes the views as they are.
-
-kio writes a `records` field with `len(value)` then `buffer.write(value)` (kio.serial.writers:
-write_legacy_bytes, write_compact_string); `_Parts.write` takes the RecordSet there.
+offset, so cutting it copies nothing, and the response encoder (broker/protocol/writer.py)
+writes the views as they are, after the records field's length.
 tests/unit/test_recordset.py pins that: a Fetch response of every served version encodes to
 the same bytes with a RecordSet as with the joined bytes.
 """
