@@ -320,10 +320,15 @@ class RetryingObjectStore:
         await self.inner.close()
 
 
+def is_local_dir(url: str) -> bool:
+    """Whether `url` names a local directory store (a path or file:// URL)."""
+    return urlparse(url).scheme in ("", "file")
+
+
 def open_backend(url: str) -> ObjectStore:
     """The backend for `url`, without the retry layer."""
     parsed = urlparse(url)
-    if parsed.scheme in ("", "file"):
+    if is_local_dir(url):
         path = Path(parsed.path if parsed.scheme else url)
         return LocalDirObjectStore(path.resolve(), url if parsed.scheme else None)
     if parsed.scheme == "memory":

@@ -154,8 +154,9 @@ _DEFS = [
     ConfigDef(
         "wal.max.inflight.flushes",
         "int",
-        "4",
-        "WAL objects uploaded at once (committed one at a time, in order); at least 1",
+        None,
+        "WAL objects uploaded at once (committed one at a time, in order); at least 1"
+        " (default: 1 on a local directory, 4 on S3)",
         check_inflight_flushes,
     ),
     ConfigDef(
@@ -262,7 +263,7 @@ class Settings:
     log_cleaner_dedupe_buffer_size: int
     wal_flush_interval_ms: float
     wal_flush_max_bytes: int
-    wal_max_inflight_flushes: int
+    wal_max_inflight_flushes: int | None  # None: by object store (broker/app.py)
     cache_max_bytes: int
     cache_readahead_bytes: int
     memory_trim_interval_ms: int
