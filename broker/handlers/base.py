@@ -235,11 +235,10 @@ def build(cls: type[T], **values: object) -> T:
     own, everywhere = _fields(cls)
     if values.keys() <= own:  # the common case: every value has its field here
         return cls(**values)
-    kept = {k: v for k, v in values.items() if k in own}
-    if len(kept) != len(values) and not values.keys() <= everywhere:
+    if not values.keys() <= everywhere:
         unknown = ", ".join(sorted(values.keys() - everywhere))
         raise UnknownFieldError(f"{cls.__name__} has no field {unknown} in any served version")
-    return cls(**kept)
+    return cls(**{k: v for k, v in values.items() if k in own})
 
 
 @cache

@@ -20,7 +20,6 @@ from broker.protocol.framecheck import MalformedFrame, check_request
 from broker.protocol.writer import Out, writer_of
 
 _PEEK = struct.Struct(">hhi")
-_SIZE = struct.Struct(">i")
 
 
 class ProtocolError(Exception):

@@ -40,6 +40,8 @@ from kio.serial._introspect import (
     is_optional,
 )
 
+from broker.protocol.writer import put_uvarint
+
 
 class MalformedFrame(ValueError):
     """The frame does not fit its schema (a length runs past the end, a bad marker, ...)."""
@@ -217,10 +219,7 @@ def apply_edits(frame: bytes | bytearray | memoryview, edits: list[Edit]) -> byt
 
 def encode_uvarint(value: int) -> bytes:
     out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
+    put_uvarint(out, value)
     return bytes(out)
 
 

@@ -89,7 +89,8 @@ class Out:
 Step = Callable[[Out, Any], None]  # writes one value (a field's, an array item) to Out
 
 
-def _uvarint(buf: bytearray, n: int) -> None:
+def put_uvarint(buf: bytearray, n: int) -> None:
+    """Append Kafka's unsigned varint of `n` to `buf`."""
     if n < 0:
         raise ValueError(f"unsigned varint {n} < 0")
     while n >= 0x80:
@@ -151,7 +152,7 @@ def _string_step(flexible: bool, optional: bool, records: bool) -> Step:
             return
         if isinstance(v, str):
             v = v.encode()
-        _uvarint(out.buf, len(v) + 1)
+        put_uvarint(out.buf, len(v) + 1)
         if records and (len(v) >= BIG or isinstance(v, RecordSet)):
             out.hole(v)
         else:
@@ -215,7 +216,7 @@ def _array_step(item: Step, flexible: bool) -> Step:
         if items is None:
             out.buf.append(0)
             return
-        _uvarint(out.buf, len(items) + 1)
+        put_uvarint(out.buf, len(items) + 1)
         for it in items:
             item(out, it)
 
@@ -351,10 +352,10 @@ def _tagged_step(tagged: list[tuple[int, str, Step, Any, Any]]) -> Step:
             step(one, v)
             parts, _size = one.parts()
             present.append((tag, b"".join(parts)[4:]))
-        _uvarint(out.buf, len(present))
+        put_uvarint(out.buf, len(present))
         for tag, data in present:
-            _uvarint(out.buf, tag)
-            _uvarint(out.buf, len(data))
+            put_uvarint(out.buf, tag)
+            put_uvarint(out.buf, len(data))
             out.buf += data
 
     return write_tags

@@ -19,7 +19,6 @@ import struct
 import types
 import typing
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,6 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
-from broker.config import load_settings
-from broker.groups.coordinator import GroupCoordinator
-from broker.groups.offsets import OffsetStore
 from broker.handlers import REGISTRY, BrokerContext, Later
 from broker.handlers.base import (
     NO_RESPONSE,
@@ -42,7 +38,6 @@ from broker.handlers.base import (
     schema_class,
 )
 from broker.handlers.gen_apitypes import path, registered_ranges, render
-from broker.nullstorage import NullStorage
 from broker.protocol.codec import (
     RequestHead,
     decode_request,
@@ -184,21 +179,6 @@ def frame_of(req: object, api_key: int, version: int) -> bytes:
     entity_writer(header_cls)(buf, header)
     entity_writer(type(req))(buf, req)
     return buf.getvalue()
-
-
-@pytest.fixture
-async def ctx(tmp_path: Path) -> AsyncIterator[BrokerContext]:
-    settings = load_settings({"data.dir": str(tmp_path)}, None, environ={})
-    storage = NullStorage()
-    await storage.open()
-    await storage.create_topic("t", 1, {})
-    groups = GroupCoordinator(initial_delay_s=0.0)
-    groups.start()
-    yield BrokerContext(storage, settings, 0, "127.0.0.1", 9092, groups, OffsetStore(
-        storage.group_offsets
-    ))
-    await groups.stop()
-    await storage.close()
 
 
 async def test_every_handler_answers_every_version(ctx: BrokerContext) -> None:

@@ -20,8 +20,6 @@ import asyncio
 import datetime
 import gc
 import struct
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,14 +31,10 @@ from kio.schema.produce.v9.request import (
 from kio.schema.types import TopicName
 from kio.static.primitive import i16, i32, i32Timedelta
 
-from broker.config import load_settings
-from broker.groups.coordinator import GroupCoordinator
-from broker.groups.offsets import OffsetStore
 from broker.handlers import BrokerContext
 from broker.handlers.api_versions import api_versions_response
 from broker.handlers.base import when_done
 from broker.net import KafkaConnection
-from broker.nullstorage import NullStorage
 from broker.protocol.codec import RequestHead
 from tests.rawclient import make_batch
 from tests.unit.test_apitypes import frame_of
@@ -172,21 +166,6 @@ async def test_when_done_with_nothing_to_wait_for_and_a_failing_finish() -> None
         await when_done([], 1.0, broken)
 
 
-@pytest.fixture
-async def null_ctx(tmp_path: Path) -> AsyncIterator[BrokerContext]:
-    settings = load_settings({"data.dir": str(tmp_path)}, None, environ={})
-    storage = NullStorage()
-    await storage.open()
-    await storage.create_topic("p", 1, {})
-    groups = GroupCoordinator(initial_delay_s=0.0)
-    groups.start()
-    yield BrokerContext(
-        storage, settings, 0, "127.0.0.1", 9092, groups, OffsetStore(storage.group_offsets)
-    )
-    await groups.stop()
-    await storage.close()
-
-
 def _produce_frame() -> bytes:
     batch = bytes(make_batch([b"a", b"b", b"c"]))
     req = ProduceRequest(
@@ -195,7 +174,7 @@ def _produce_frame() -> bytes:
         timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
         topic_data=(
             TopicProduceData(
-                name=TopicName("p"),
+                name=TopicName("t"),
                 partition_data=(PartitionProduceData(index=i32(0), records=batch),),
             ),
         ),
@@ -204,8 +183,8 @@ def _produce_frame() -> bytes:
     return len(frame).to_bytes(4, "big") + frame
 
 
-async def test_a_produce_round_trip_leaves_no_reference_cycle(null_ctx: BrokerContext) -> None:
-    conn = KafkaConnection(null_ctx, 1 << 20)
+async def test_a_produce_round_trip_leaves_no_reference_cycle(ctx: BrokerContext) -> None:
+    conn = KafkaConnection(ctx, 1 << 20)
     t = _Transport()
     conn.connection_made(t)  # type: ignore[arg-type]
     frame = _produce_frame()
