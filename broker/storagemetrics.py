@@ -70,6 +70,10 @@ class StorageCollector(Collector):
         st = log.stats
         yield CounterMetricFamily("floe_wal_flushes", "WAL objects written and committed.",
                                   value=st.wal_flushes)
+        yield CounterMetricFamily("floe_wal_commits",
+                                  "Metadata transactions committing WAL objects: fewer than"
+                                  " floe_wal_flushes when objects uploaded together commit"
+                                  " together.", value=st.wal_commits)
         yield CounterMetricFamily("floe_wal_flush_failures",
                                   "WAL flushes that failed (their producers got an error).",
                                   value=st.wal_flush_failures)

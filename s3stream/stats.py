@@ -56,6 +56,7 @@ class LogStats:
 
     wal_flushes: int = 0
     wal_flush_failures: int = 0
+    wal_commits: int = 0  # metadata transactions committing WAL objects (one or more each)
     wal_flush_bytes: Histogram = field(default_factory=lambda: Histogram(SIZE_BUCKETS))
     wal_flush_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     room_waits: int = 0  # `room()` calls that had to wait (a producer faster than the store)

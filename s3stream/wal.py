@@ -6,9 +6,12 @@ Contract (what the broker relies on):
   AND the metadata commit that makes them part of the stream has succeeded (`_commit`).
 - Only then does the stream's end offset move, so readers never see undurable data.
 - Up to `max_inflight_flushes` WAL objects are uploaded at once, but their metadata commits
-  happen one at a time in the order the objects were cut (`_run_flush`): end offsets move
-  forward contiguously and futures resolve in log order; an ack never overtakes an earlier
-  flush.
+  happen in the order the objects were cut (`_run_flush`): end offsets move forward
+  contiguously and futures resolve in log order; an ack never overtakes an earlier flush.
+  At a flush's commit turn, the flushes cut after it whose objects are already uploaded and
+  need nothing redone commit in the same metadata transaction (`_followers`), all or none;
+  if that transaction fails, the flush commits alone as it would have, and the others
+  at their own turns.
 - If a flush fails for good, every not yet durable append of the affected streams (in that
   flush, in later flushes still in flight, and pending) fails with `StreamWriteError` and those
   streams' next offset goes back to their durable end offset (`_fail`): an offset is never
@@ -41,6 +44,7 @@ from s3stream.index import Chunk, IndexMixin, Stream, UnknownStreamError, wake_r
 from s3stream.metadata import (
     ChunkRow,
     CommitAttachment,
+    ObjectCommit,
     SqliteMetadataStore,
     StreamsFencedError,
 )
@@ -114,6 +118,8 @@ class _Flush:
     began: float
     served: list[_Pending]  # what goes into its object: the appends to streams still served
     guards: Sequence[CommitAttachment] = ()  # taken when its upload starts
+    uploaded: _Object | None = None  # once its upload succeeded
+    committed: bool = False  # in the transaction of an earlier flush's commit turn
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -281,7 +287,8 @@ class WalMixin(IndexMixin):
         self, f: _Flush, prev: asyncio.Task[None] | None, slots: asyncio.Semaphore
     ) -> None:
         """Upload the flush's object now, alongside earlier flushes still in flight; commit it
-        at its turn, once the flush before has committed or failed. Never raises."""
+        at its turn, once the flush before has committed or failed (unless an earlier turn
+        committed it already, see `_commit_turn`). Never raises."""
         try:
             uploaded: _Object | Exception | None = None
             try:
@@ -289,16 +296,20 @@ class WalMixin(IndexMixin):
                     sids = {p.stream.stream_id for p in f.served}
                     f.guards = self.guards(sids) if self.guards else ()
                     # tasks start in the order flushes are cut, so object ids grow with it
-                    uploaded = await self._upload(await self._object_id(), f.served)
+                    uploaded = f.uploaded = await self._upload(
+                        await self._object_id(), f.served)
             except Exception as e:  # acted on at the commit turn (see `_settle`)
                 uploaded = e
             if prev is not None:
                 await asyncio.wait([prev])  # returns, never raises, once prev is done
             # the commit turn: every flush cut before this one has committed or failed, so
             # each stream's end offset covers everything durable before this flush's appends
-            self._flushing.remove(f)  # the oldest: `_fail` sees only the flushes after it
             try:
-                committed = await self._settle(f, uploaded)
+                if f.committed:  # with an earlier flush (see `_followers`)
+                    committed = True
+                else:
+                    self._flushing.remove(f)  # the oldest: `_fail` sees only those after it
+                    committed = await self._settle(f, uploaded)
             except Exception as e:
                 log.error("WAL flush of %d appends failed: %r", len(f.batch), e)
                 self.stats.wal_flush_failures += 1
@@ -337,7 +348,7 @@ class WalMixin(IndexMixin):
             return False
         try:
             if uploaded is not None and _same(batch, uploaded.batch):
-                await self._commit(uploaded, f.guards)
+                await self._commit_turn(uploaded, f.guards)
             else:
                 await self._flush_guarded(batch, f.guards)
         except StreamsFencedError as e:  # commit the others' appends; fail the fenced ones
@@ -348,6 +359,41 @@ class WalMixin(IndexMixin):
                 return False
             await self._flush_guarded(rest, f.guards)
         return True
+
+    async def _commit_turn(self, obj: _Object, guards: Sequence[CommitAttachment]) -> None:
+        """Commit the uploaded object of the flush at its commit turn, with its followers
+        when there are any; when that fails, the object alone (its failure is the flush's)."""
+        followers = self._followers()
+        if followers:
+            try:
+                await self._commit([(obj, guards), *((g.uploaded, g.guards) for g in followers
+                                                     if g.uploaded is not None)])
+            except Exception as e:  # nothing of it committed: as if never tried
+                log.info("WAL group commit of %d objects failed, committing one by one: %r",
+                         len(followers) + 1, e)
+            else:
+                for g in followers:
+                    g.committed = True
+                    self._flushing.remove(g)
+                return
+        await self._commit([(obj, guards)])
+
+    def _followers(self) -> list[_Flush]:
+        """The flushes right after the one at its commit turn (whose committable appends are
+        its whole object) that may commit in the same transaction: uploaded, every append
+        in the object, none failed or of a stream no longer served (what `_settle` would
+        change). The first that is not stops the list (commits stay in cut order). That
+        their chunks continue their streams is the metadata commit's own check."""
+        out: list[_Flush] = []
+        for g in self._flushing:
+            obj = g.uploaded
+            if obj is None or not _same(g.batch, obj.batch) or any(
+                p.future.done() or self.streams.get(p.stream.stream_id) is not p.stream
+                for p in g.batch
+            ):
+                break
+            out.append(g)
+        return out
 
     def _committable(self, batch: list[_Pending]) -> list[_Pending]:
         """The appends of `batch` not failed yet whose stream's run in it starts exactly at
@@ -409,7 +455,7 @@ class WalMixin(IndexMixin):
         self, batch: list[_Pending], guards: Sequence[CommitAttachment]
     ) -> None:
         """Write the batch into a new object and commit it (at a commit turn)."""
-        await self._commit(await self._upload(await self._object_id(), batch), guards)
+        await self._commit([(await self._upload(await self._object_id(), batch), guards)])
 
     async def _upload(self, object_id: int, batch: list[_Pending]) -> _Object:
         """Write the batch's appends, a chunk per stream, into WAL object `object_id`."""
@@ -440,20 +486,27 @@ class WalMixin(IndexMixin):
         ]
         return _Object(object_id, key, size, rows, parts, batch)
 
-    async def _commit(self, obj: _Object, guards: Sequence[CommitAttachment]) -> None:
-        """Make an uploaded object part of its streams (at a commit turn): the metadata
-        commit, then the index, the cache, the producers' bookkeeping and the futures."""
+    async def _commit(self, objs: list[tuple[_Object, Sequence[CommitAttachment]]]) -> None:
+        """Make uploaded objects part of their streams, in order, in one metadata transaction
+        (at a commit turn): the metadata commit, then for each the index, the cache, the
+        producers' bookkeeping and the futures."""
+        commits = []
+        for obj, guards in objs:
+            carried = [
+                (p.stream.stream_id, p.producer, p.base_offset, p.last_offset)
+                for p in obj.batch
+                if p.producer is not None
+            ]
+            attachments = self.commit_attachments(carried) if self.commit_attachments else ()
+            commits.append(ObjectCommit(obj.object_id, obj.key, obj.size, obj.rows,
+                                        [*attachments, *guards]))
+        lives = await self.meta.commit_objects(commits)
+        self.stats.wal_commits += 1
+        for (obj, _guards), live in zip(objs, lives, strict=True):
+            self._committed(obj, live)
+
+    def _committed(self, obj: _Object, live: set[int]) -> None:
         batch = obj.batch
-        carried = [
-            (p.stream.stream_id, p.producer, p.base_offset, p.last_offset)
-            for p in batch
-            if p.producer is not None
-        ]
-        attachments = self.commit_attachments(carried) if self.commit_attachments else ()
-        attachments = [*attachments, *guards]
-        live = await self.meta.commit_object(
-            obj.object_id, obj.key, obj.size, obj.rows, attachments
-        )
         self._object_keys[obj.object_id] = obj.key
         self.flushes += 1
         # durable and committed: only now do the streams' end offsets move and futures resolve

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -75,6 +76,18 @@ class ObjectRow:
     size: int
     kind: str
     created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectCommit:
+    """One durable object to make part of its streams (`commit_objects`): its chunks, and
+    what the layer above adds to its commit (see CommitAttachment)."""
+
+    object_id: int
+    key: str
+    size: int
+    chunks: list[ChunkRow]
+    attachments: Sequence[CommitAttachment] = ()
 
 
 class CommitAttachment(Protocol):

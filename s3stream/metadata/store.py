@@ -22,6 +22,7 @@ from s3stream.metadata.maintenance import LogMaintenanceMixin
 from s3stream.metadata.model import (
     ChunkRow,
     CommitAttachment,
+    ObjectCommit,
     OffsetConflictError,
     StreamRow,
 )
@@ -130,56 +131,67 @@ class MetadataStore(LogMaintenanceMixin):
         """The first of `count` object ids nobody else will ever use."""
         return await self._run(self._counter, "next_object_id", count)
 
-    def _commit_object(
-        self, object_id: int, key: str, size: int, chunks: list[ChunkRow],
-        attachments: Sequence[CommitAttachment],
-    ) -> set[int]:
-        undo = functools.partial(self._undo_commit, chunks, attachments)
+    def _commit_objects(self, objects: Sequence[ObjectCommit]) -> list[set[int]]:
+        undo = functools.partial(self._undo_commits, objects)
         with self._txn(undo) as db:
-            ends = self._lock_streams(db, [c.stream_id for c in chunks])
-            live = [c for c in chunks if c.stream_id in ends]
-            for c in live:
-                if ends[c.stream_id] != c.base_offset:
-                    raise OffsetConflictError(
-                        f"stream {c.stream_id}: end offset {ends[c.stream_id]},"
-                        f" commit starts at {c.base_offset}"
-                    )
-                ends[c.stream_id] = c.last_offset + 1
-            db.execute(
-                "INSERT INTO objects(object_id, key, size, kind, created_ms) VALUES (?,?,?,?,?)",
-                (object_id, key, size, "wal", int(time.time() * 1000)),
-            )
-            db.executemany(
-                "INSERT INTO chunks VALUES (?,?,?,?,?,?,?)",
-                [(c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position, c.length,
-                  c.max_timestamp) for c in live],
-            )
-            db.executemany(
-                "UPDATE streams SET end_offset=? WHERE stream_id=?",
-                [(end, sid) for sid, end in ends.items()],
-            )
-            for a in attachments:
-                a.apply(db, set(ends))
-        return {c.stream_id for c in live}
+            # every stream of every object locked at once, in id order (no deadlock), and
+            # their end offsets carried from one object to the next
+            ends = self._lock_streams(db, [c.stream_id for o in objects for c in o.chunks])
+            return [self._write_object(db, ends, o) for o in objects]
+
+    def _write_object(self, db: Connection, ends: dict[int, int], o: ObjectCommit) -> set[int]:
+        """One object's rows (inside `_commit_objects`' transaction); `ends` are the locked
+        streams' end offsets, moved past the object's chunks."""
+        live = [c for c in o.chunks if c.stream_id in ends]
+        for c in live:
+            if ends[c.stream_id] != c.base_offset:
+                raise OffsetConflictError(
+                    f"stream {c.stream_id}: end offset {ends[c.stream_id]},"
+                    f" commit starts at {c.base_offset}"
+                )
+            ends[c.stream_id] = c.last_offset + 1
+        db.execute(
+            "INSERT INTO objects(object_id, key, size, kind, created_ms) VALUES (?,?,?,?,?)",
+            (o.object_id, o.key, o.size, "wal", int(time.time() * 1000)),
+        )
+        db.executemany(
+            "INSERT INTO chunks VALUES (?,?,?,?,?,?,?)",
+            [(c.stream_id, c.base_offset, c.last_offset, c.object_id, c.position, c.length,
+              c.max_timestamp) for c in live],
+        )
+        sids = {c.stream_id for c in live}
+        db.executemany(
+            "UPDATE streams SET end_offset=? WHERE stream_id=?",
+            [(ends[sid], sid) for sid in sorted(sids)],
+        )
+        for a in o.attachments:
+            a.apply(db, sids)
+        return sids
 
     def _undo_commit(
         self, chunks: list[ChunkRow], attachments: Sequence[CommitAttachment]
     ) -> None:
-        """Take back a commit_object whose COMMIT was in doubt, on every stream where it is
-        still the last commit (the caller was told it failed and rewound to the old end)."""
+        """Take back a commit_object whose COMMIT was in doubt (see `_undo_commits`)."""
+        self._undo_commits([ObjectCommit(0, "", 0, chunks, attachments)])
+
+    def _undo_commits(self, objects: Sequence[ObjectCommit]) -> None:
+        """Take back a commit_objects whose COMMIT was in doubt, on every stream where it is
+        still the last commit (the caller was told it failed and rewound to the old end):
+        the last object first, so each chunk is its stream's last when it is taken back."""
         with self._txn() as db:
-            self._lock_streams(db, [c.stream_id for c in chunks])
-            undone = []
-            for c in chunks:
-                if not db.execute("UPDATE streams SET end_offset=? WHERE stream_id=?"
-                                  " AND end_offset=? AND deleted=0",
-                                  (c.base_offset, c.stream_id, c.last_offset + 1)).rowcount:
-                    continue
-                db.execute("DELETE FROM chunks WHERE stream_id=? AND base_offset=?"
-                           " AND object_id=?", (c.stream_id, c.base_offset, c.object_id))
-                undone.append(c)
-            for a in attachments:
-                a.undo(db, undone)
+            self._lock_streams(db, [c.stream_id for o in objects for c in o.chunks])
+            for o in reversed(objects):
+                undone = []
+                for c in reversed(o.chunks):  # a stream may have two in one object
+                    if not db.execute("UPDATE streams SET end_offset=? WHERE stream_id=?"
+                                      " AND end_offset=? AND deleted=0",
+                                      (c.base_offset, c.stream_id, c.last_offset + 1)).rowcount:
+                        continue
+                    db.execute("DELETE FROM chunks WHERE stream_id=? AND base_offset=?"
+                               " AND object_id=?", (c.stream_id, c.base_offset, c.object_id))
+                    undone.append(c)
+                for a in o.attachments:
+                    a.undo(db, undone)
 
     async def commit_object(
         self, object_id: int, key: str, size: int, chunks: list[ChunkRow],
@@ -195,5 +207,13 @@ class MetadataStore(LogMaintenanceMixin):
         committed": if the connection was lost during COMMIT (CommitInDoubtError) and it
         committed after all, the store undoes it, attachments included, before its next call
         (see s3stream.metadata.base)."""
-        return await self._run(self._commit_object, object_id, key, size, chunks,
-                               attachments)
+        (live,) = await self.commit_objects([ObjectCommit(object_id, key, size, chunks,
+                                                          attachments)])
+        return live
+
+    async def commit_objects(self, objects: Sequence[ObjectCommit]) -> list[set[int]]:
+        """`commit_object` of several objects, in order, in one transaction (the WAL's group
+        commit): all of them or none. A stream's chunks may follow one another across the
+        objects; each object's attachments see its own live streams. Returns each object's
+        live streams."""
+        return await self._run(self._commit_objects, list(objects))

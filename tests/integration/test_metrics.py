@@ -88,6 +88,7 @@ def test_metrics_follow_real_traffic_and_group_lag_matches_describe(
     assert total(after, "floe_network_bytes_in_total") >= 200 * len(value)
     assert total(after, "floe_network_bytes_out_total") >= 120 * len(value)
     assert total(after, "floe_wal_flushes_total") > 0
+    assert 0 < total(after, "floe_wal_commits_total") <= total(after, "floe_wal_flushes_total")
     assert total(after, "floe_wal_flush_bytes_sum") >= 200 * len(value)
     assert total(after, "floe_object_store_requests_total", op="PUT") > 0
     assert total(after, "floe_object_store_errors_total") == 0

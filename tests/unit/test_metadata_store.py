@@ -16,6 +16,7 @@ from s3stream.metadata import (
     CommitAttachment,
     MetadataError,
     MetadataStore,
+    ObjectCommit,
     ObjectRow,
     OffsetConflictError,
     open_metadata_store,
@@ -241,6 +242,44 @@ async def test_attachments_commit_with_the_chunks_and_guards_refuse_them(
     await store._run(store._undo_commit, [chunk(a.stream_id, 5, 9, oid)], [Marks()])
     (live,), chunks = await store.load()
     assert live.end_offset == 5 and len(chunks) == 1 and await store._run(marks) == []
+
+
+async def test_commit_objects_in_one_transaction_all_or_none(store: MetadataStore) -> None:
+    """The WAL's group commit: objects in order, a stream's chunks following each other
+    across them, each object's attachments seeing its own live streams; a conflict in any
+    object commits none of them; taken back (COMMIT in doubt), the last object goes first."""
+
+    def marks() -> list[tuple[int, int]]:
+        return sorted(tuple(r) for r in store.db.execute("SELECT * FROM marks"))
+
+    await store._run(store.db.execute, "CREATE TABLE marks(stream_id BIGINT, base BIGINT)")
+    a, b = (s.stream_id for s in await store.create_streams(2))
+    group = [ObjectCommit(1, "wal/1", 10, [chunk(a, 0, 4, 1)], [Marks()]),
+             ObjectCommit(2, "wal/2", 10, [chunk(a, 5, 9, 2), chunk(b, 0, 2, 2)], [Marks()]),
+             ObjectCommit(3, "wal/3", 10, [chunk(b, 3, 3, 3)])]
+    assert await store.commit_objects(group) == [{a}, {a, b}, {b}]
+    streams, chunks = await store.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 10, b: 4}
+    assert [(c.stream_id, c.base_offset, c.object_id) for c in chunks] == [
+        (a, 0, 1), (a, 5, 2), (b, 0, 2), (b, 3, 3)]
+    assert await store._run(marks) == [(a, 0), (a, 0), (b, 0)]
+    # the second object does not continue b: the first, fine alone, is not committed either
+    with pytest.raises(OffsetConflictError):
+        await store.commit_objects([ObjectCommit(4, "wal/4", 10, [chunk(a, 10, 11, 4)]),
+                                    ObjectCommit(5, "wal/5", 10, [chunk(b, 5, 6, 5)])])
+    # a guard of the last object refuses: none of them
+    with pytest.raises(MetadataError, match="fenced"):
+        await store.commit_objects([ObjectCommit(4, "wal/4", 10, [chunk(a, 10, 11, 4)]),
+                                    ObjectCommit(5, "wal/5", 10, [chunk(b, 4, 6, 5)],
+                                                 [Marks(refuse=True)])])
+    streams, chunks = await store.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 10, b: 4}
+    assert len(chunks) == 4 and not {4, 5} & set(await store.object_keys())
+    # in doubt and taken back: a's two chunks go, each while it is a's last; marks too
+    await store._run(store._undo_commits, group)
+    streams, chunks = await store.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 0, b: 0}
+    assert chunks == [] and await store._run(marks) == []
 
 
 async def test_compaction_truncate_and_garbage(store: MetadataStore) -> None:

@@ -4,7 +4,9 @@ What must hold: several WAL objects upload at once, but their metadata commits h
 order they were cut, so an ack never overtakes an earlier flush; when an upload fails, every
 later append of its streams (in flushes already uploading, or pending) fails too and the
 stream rewinds, so a retry gets the same offsets (no gap, no reuse), while other streams'
-appends in those later flushes still commit; close waits for every flush in flight. Memory
+appends in those later flushes still commit; close waits for every flush in flight. Flushes
+already uploaded when an earlier one reaches its commit turn commit in its transaction (group
+commit), all or none: when that is refused, each commits (or fails) on its own. Memory
 is bounded: a flush takes at most `flush.max.bytes` of what is pending, and `room()` holds
 producers back while more than the limit is appended and not yet committed."""
 
@@ -17,8 +19,15 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, load_settings
-from s3stream.log import LogStore, StreamWriteError, WalSettings
-from s3stream.metadata import SqliteMetadataStore
+from s3stream.log import LogStore, StreamFencedError, StreamWriteError, WalSettings
+from s3stream.metadata import (
+    ChunkRow,
+    CommitAttachment,
+    ObjectCommit,
+    SqliteMetadataStore,
+    StreamsFencedError,
+)
+from s3stream.metadata.backend import Connection
 from s3stream.objectstore import Buffer, ObjectStore, open_object_store, put_parts
 from tests.faults import PassThrough
 from tests.s3server import TEST_AWS_ENV, UNSET_AWS_ENV, broker_on_s3
@@ -231,6 +240,131 @@ async def test_close_drains_flushes_in_flight(env: Env) -> None:
     assert first.result() == 0 and second.result() == 0
     streams, _chunks = await meta.load()
     assert {s.stream_id: s.end_offset for s in streams} == {a: 1, b: 1}
+
+
+def record_commits(meta: SqliteMetadataStore) -> list[tuple[int, str]]:
+    """Note each `commit_objects` call: (objects in it, "ok" or "failed")."""
+    calls: list[tuple[int, str]] = []
+    inner = meta.commit_objects
+
+    async def commit_objects(objects: Sequence[ObjectCommit]) -> list[set[int]]:
+        try:
+            live = await inner(objects)
+        except Exception:
+            calls.append((len(objects), "failed"))
+            raise
+        calls.append((len(objects), "ok"))
+        return live
+
+    meta.commit_objects = commit_objects  # type: ignore[method-assign]
+    return calls
+
+
+async def test_flushes_uploaded_while_waiting_commit_in_one_transaction(env: Env) -> None:
+    log, store, meta, (a, b) = env
+    calls = record_commits(meta)
+    store.hold(0)
+    _, a1 = log.append(a, 2, 0, data("a1"))  # offsets 0-1, put 0
+    await store.seen("start 0")
+    _, a2 = log.append(a, 1, 0, data("a2"))  # offset 2, put 1
+    await store.seen("end 1")
+    _, b1 = log.append(b, 1, 0, data("b1"))  # put 2
+    _, a3 = log.append(a, 1, 0, data("a3"))
+    await store.seen("end 2")
+    assert calls == []
+    store.release(0)
+    assert [await outcome(f) for f in (a1, a2, b1, a3)] == [0, 2, 0, 3]
+    assert calls == [(3, "ok")], "three objects ready at the first's turn: one transaction"
+    assert (log.stats.wal_commits, log.stats.wal_flushes) == (1, 3)
+    assert [c[0] for c in await log.read(a, 0, 1 << 20)] == [0, 2, 3]
+    streams, chunks = await meta.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 4, b: 1}
+    assert len({c.object_id for c in chunks}) == 3
+    # and what commits next, alone, continues from there
+    base, a4 = log.append(a, 1, 0, data("a4"))
+    assert base == 4 and await outcome(a4) == 4
+    assert calls[-1] == (1, "ok")
+
+
+class Refuse:
+    """A guard refusing any commit that includes stream `sid` (another writer took it)."""
+
+    def __init__(self, sid: int) -> None:
+        self.sid = sid
+
+    def apply(self, db: Connection, live: set[int]) -> None:
+        if self.sid in live:
+            raise StreamsFencedError({self.sid}, f"stream {self.sid} taken")
+
+    def undo(self, db: Connection, undone: list[ChunkRow]) -> None:
+        pass
+
+
+async def test_a_group_commit_refused_commits_each_flush_on_its_own(env: Env) -> None:
+    """The later flush's guard refuses stream b: the group (both flushes) is refused, so the
+    first flush commits alone; the second then commits a's append and fails b's only."""
+    log, store, meta, (a, b) = env
+    calls = record_commits(meta)
+
+    def guards(sids: object) -> list[CommitAttachment]:
+        return [Refuse(b)]
+
+    log.guards = guards
+    store.hold(0)
+    _, a1 = log.append(a, 1, 0, data("a1"))
+    await store.seen("start 0")
+    _, a2 = log.append(a, 1, 0, data("a2"))
+    _, b1 = log.append(b, 1, 0, data("b1"))
+    await store.seen("end 1")
+    store.release(0)
+    assert [await outcome(f) for f in (a1, a2, b1)] == [0, 1, "failed"]
+    assert calls[:2] == [(2, "failed"), (1, "ok")]
+    assert [c[0] for c in await log.read(a, 0, 1 << 20)] == [0, 1]
+    streams, chunks = await meta.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 2, b: 0}
+    assert sorted((c.stream_id, c.base_offset) for c in chunks) == [(a, 0), (a, 1)]
+
+
+async def test_a_flush_with_an_append_failed_before_is_not_grouped(env: Env) -> None:
+    """Put 0 (stream a) fails, which fails a's append in put 2 too; put 1 (stream b) then
+    commits alone, not with put 2, whose b append commits at its own turn."""
+    log, store, meta, (a, b) = env
+    calls = record_commits(meta)
+    store.hold(0)
+    _, a1 = log.append(a, 1, 0, data("a1"))  # put 0: fails
+    await store.seen("start 0")
+    _, b0 = log.append(b, 1, 0, data("b0"))  # put 1
+    await store.seen("end 1")
+    _, a2 = log.append(a, 1, 0, data("a2"))  # put 2: follows a failed append
+    _, b1 = log.append(b, 1, 0, data("b1"))
+    await store.seen("end 2")
+    store.release(0, fail=True)
+    assert [await outcome(f) for f in (a1, b0, a2, b1)] == ["failed", 0, "failed", 1]
+    assert calls == [(1, "ok"), (1, "ok")], "no group with a failed append, none refused"
+    streams, _chunks = await meta.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 0, b: 2}
+
+
+async def test_a_flush_with_a_stream_dropped_meanwhile_is_not_grouped(env: Env) -> None:
+    """Stream b is dropped (another broker leads it now) while its flush waits for its turn:
+    that flush is not committed with the one before; at its own turn b's append fails as
+    fenced and nothing of b is committed."""
+    log, store, meta, (a, b) = env
+    calls = record_commits(meta)
+    store.hold(0)
+    _, a1 = log.append(a, 1, 0, data("a1"))
+    await store.seen("start 0")
+    _, b1 = log.append(b, 1, 0, data("b1"))
+    await store.seen("end 1")
+    log.drop_stream(b)
+    store.release(0)
+    assert await outcome(a1) == 0
+    with pytest.raises(StreamFencedError):
+        await asyncio.wait_for(b1, WAIT)
+    assert calls == [(1, "ok")]
+    streams, chunks = await meta.load()
+    assert {s.stream_id: s.end_offset for s in streams} == {a: 1, b: 0}
+    assert [c.stream_id for c in chunks] == [a]
 
 
 def test_max_inflight_flushes_must_be_at_least_one(tmp_path: Path) -> None:
