@@ -3,6 +3,8 @@
 - raw object-store PUT and GET of the bytes a floe broker wrote (its own objects, same sizes,
   sequentially, as its WAL flusher does), through `s3stream.objectstore.open_object_store`
   on the same local directory or the same moto server;
+- the latency of sequential PUTs of the median WAL object a fixed-rate workload wrote, on the
+  same store (`put_latency`: the bound of issue 17's S3 fixed-rate target);
 - raw `pyarrow.parquet.write_table` of the rows a table topic holds (zstd, pyiceberg's
   default codec), next to `tabletopic.convert.Converter` on the same records.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +93,50 @@ def raw_object_store(
         return asyncio.run(_raw_store(url, put_sizes, budget_s, max_bytes))
     except Exception as e:  # report, do not abort the whole run
         return RawStore(0, 0, 0, 0, 0, 0, error=f"{type(e).__name__}: {e}")
+
+
+@dataclass(frozen=True)
+class PutLatency:
+    size: int
+    puts: int
+    p50_ms: float
+    p99_ms: float
+    error: str = ""
+
+
+PUT_LATENCY_COUNT = 200
+
+
+async def _put_latency(url: str, size: int, count: int) -> PutLatency:
+    from s3stream.objectstore import open_object_store, put_parts
+
+    store = open_object_store(url)
+    try:
+        blob = os.urandom(size)
+        took = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            await put_parts(store, f"bench-raw-latency/{i:08d}", [blob])  # the WAL's PUT
+            took.append((time.perf_counter() - t0) * 1000)
+        for i in range(count):
+            await store.delete(f"bench-raw-latency/{i:08d}")
+        took.sort()
+        return PutLatency(size, count, _pick(took, 50), _pick(took, 99))
+    finally:
+        await store.close()
+
+
+def _pick(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, math.ceil(q / 100 * len(sorted_ms)) - 1)]
+
+
+def put_latency(url: str, size: int, count: int = PUT_LATENCY_COUNT) -> PutLatency:
+    """Latency of `count` sequential PUTs of `size` bytes (the WAL's own PUT, one at a time,
+    nothing else running): the object store's share of a produce latency."""
+    try:
+        return asyncio.run(_put_latency(url, size, count))
+    except Exception as e:  # report, do not abort the whole run
+        return PutLatency(size, 0, 0, 0, error=f"{type(e).__name__}: {e}")
 
 
 @dataclass(frozen=True)

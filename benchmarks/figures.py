@@ -10,10 +10,14 @@ from benchmarks.results import Results
 from benchmarks.stats import percentile
 from benchmarks.systems import FLOE_FILE, FLOE_S3, NULL, PEER
 from benchmarks.workloads import Workload
+from s3stream.wal import WalSettings
 
 GIB = 2**30
 SPECTRUM = (0, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99)  # percentiles for plots
 RAW = {FLOE_FILE: "raw-file", FLOE_S3: "raw-s3"}
+# the brokers run with the default wal.flush.interval.ms: issue 17's S3 fixed-rate bound is
+# 2 x the store's PUT p99 + this
+FLUSH_INTERVAL_MS = WalSettings().flush_interval_ms
 
 
 def _ms(ns: float) -> float:
@@ -84,6 +88,13 @@ def add_read(
     results.add(system, workload, metric, value, "MiB/s", note=note, error=err)
 
 
+def _put_bound(results: Results, workload: str) -> float | None:
+    """2 x the S3 store's sequential PUT p99 of this workload's WAL objects + the flush
+    interval (None without that PUT figure)."""
+    p99 = results.value("raw-s3", workload, "put_p99_ms")
+    return None if p99 is None else 2 * p99 + FLUSH_INTERVAL_MS
+
+
 def apply_ceilings(results: Results) -> None:
     """Ceiling and ratio for every figure that has one; Tansu next to ours."""
     conv = results.value("in-process", "table", "parquet_rows_s")
@@ -103,6 +114,10 @@ def apply_ceilings(results: Results) -> None:
             known = [(v, s) for v, s in options if v is not None]
             if known:
                 f.set_ceiling(*min(known))
+        elif m == "produce_p99_ms" and f.system == FLOE_S3 and _put_bound(results, w):
+            bound = _put_bound(results, w)
+            f.set_ceiling(bound, f"2x raw PUT p99 ({raw}) + {FLUSH_INTERVAL_MS:g} ms flush"
+                                 " interval (issue 17's bound)")
         elif m.startswith("produce_p") or m == "broker_cpu_s_per_gib":
             f.set_ceiling(null, "null broker (floor)")
         elif m in ("catchup_mib_s", "consume_mib_s") and raw:

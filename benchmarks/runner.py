@@ -148,9 +148,12 @@ class Run:
                 floe_root=self.opts.floe_root,
                 bucket=f"{name}-{w.name}".replace(".", "-") if moto is not None else "",
             )
+            wal_sizes: list[int] = []
             try:
                 system.start()
                 self._workload(procs, system, w)
+                if w.fixed and name in (FLOE_FILE, FLOE_S3):
+                    wal_sizes = system.list_wal_sizes()
                 if w.name == CATCHUP_WORKLOAD and name != NULL:
                     self._catchup(procs, system)
             except Exception as e:
@@ -166,6 +169,8 @@ class Run:
                                      False, "this workload's broker (VmHWM)")
             if w.name == CATCHUP_WORKLOAD and name in (FLOE_FILE, FLOE_S3):
                 self._raw_store(name, system)
+            if w.fixed and name in (FLOE_FILE, FLOE_S3):
+                self._put_latency(name, system, w, wal_sizes)
             self._clean(system)
         if peaks:
             note = "the highest of the workloads' brokers (VmHWM)"
@@ -258,6 +263,23 @@ class Run:
         self.results.add(
             raw_name, "raw", "get_mib_s", r.get_mib_s or None, "MiB/s", note=note, error=r.error
         )
+
+    def _put_latency(self, name: str, system: System, w: Workload, wal_sizes: list[int]) -> None:
+        """Sequential PUTs of the median WAL object the fixed-rate workload left, on the same
+        store, the broker stopped: the store's own share of a produce latency."""
+        raw_name = "raw-file" if name == FLOE_FILE else "raw-s3"
+        if not wal_sizes:
+            self.results.add(raw_name, w.name, "put_p99_ms", None, "ms", False,
+                             error="the broker left no WAL object to size the PUTs by")
+            return
+        size = wal_sizes[len(wal_sizes) // 2]
+        log(f"{raw_name}: sequential PUTs of {size:,} B (median WAL object of {w.name})")
+        count = 20 if self.opts.quick else ceilings.PUT_LATENCY_COUNT
+        r = ceilings.put_latency(system.object_store_url, size, count)
+        note = f"{r.puts} sequential PUTs of {size:,} B, the median WAL object of {w.name}"
+        for q, v in (("50", r.p50_ms), ("99", r.p99_ms)):
+            self.results.add(raw_name, w.name, f"put_p{q}_ms", v if r.puts else None, "ms",
+                             False, note, error=r.error)
 
     # -- table topics and conversion ---------------------------------------------------------
     def _table(self, procs: Processes) -> None:
