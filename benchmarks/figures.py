@@ -114,8 +114,7 @@ def apply_ceilings(results: Results) -> None:
             known = [(v, s) for v, s in options if v is not None]
             if known:
                 f.set_ceiling(*min(known))
-        elif m == "produce_p99_ms" and f.system == FLOE_S3 and _put_bound(results, w):
-            bound = _put_bound(results, w)
+        elif m == "produce_p99_ms" and f.system == FLOE_S3 and (bound := _put_bound(results, w)):
             f.set_ceiling(bound, f"2x raw PUT p99 ({raw}) + {FLUSH_INTERVAL_MS:g} ms flush"
                                  " interval (issue 17's bound)")
         elif m.startswith("produce_p") or m == "broker_cpu_s_per_gib":

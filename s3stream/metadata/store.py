@@ -168,12 +168,6 @@ class MetadataStore(LogMaintenanceMixin):
             a.apply(db, sids)
         return sids
 
-    def _undo_commit(
-        self, chunks: list[ChunkRow], attachments: Sequence[CommitAttachment]
-    ) -> None:
-        """Take back a commit_object whose COMMIT was in doubt (see `_undo_commits`)."""
-        self._undo_commits([ObjectCommit(0, "", 0, chunks, attachments)])
-
     def _undo_commits(self, objects: Sequence[ObjectCommit]) -> None:
         """Take back a commit_objects whose COMMIT was in doubt, on every stream where it is
         still the last commit (the caller was told it failed and rewound to the old end):

@@ -239,7 +239,8 @@ async def test_attachments_commit_with_the_chunks_and_guards_refuse_them(
     # a commit whose COMMIT was in doubt, taken back: its attachments' rows go with it
     oid = await commit(store, a.stream_id, 5, 9, [Marks()])
     assert len(await store._run(marks)) == 2
-    await store._run(store._undo_commit, [chunk(a.stream_id, 5, 9, oid)], [Marks()])
+    await store._run(store._undo_commits,
+                     [ObjectCommit(oid, "wal/x", 1, [chunk(a.stream_id, 5, 9, oid)], [Marks()])])
     (live,), chunks = await store.load()
     assert live.end_offset == 5 and len(chunks) == 1 and await store._run(marks) == []
 
