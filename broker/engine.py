@@ -22,6 +22,7 @@ Contract of every engine (tests/unit/test_storage_scenarios.py runs it over each
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -98,6 +99,32 @@ class Topic:
         return len(self.streams)
 
 
+class TopicChanges:
+    """A count of the changes to the topics this broker knows (created, deleted, configs
+    changed, here or seen from the metadata database), and a wait for the next one: the
+    table topics' manager applies `table.topic.*` settings at once instead of at its next
+    poll."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._next: asyncio.Event | None = None
+
+    def bump(self) -> None:
+        self.count += 1
+        if self._next is not None:
+            self._next.set()
+            self._next = None
+
+    async def wait_past(self, seen: int, timeout_s: float) -> None:
+        """Until the count is past `seen`, for at most `timeout_s`."""
+        if self.count != seen:
+            return
+        if self._next is None:
+            self._next = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._next.wait(), timeout_s)
+
+
 class TopicTable:
     """Topics by name and by id, and the lookups and checks every engine makes the same way
     (engines keep their own partition state behind `Topic.streams`)."""
@@ -105,6 +132,7 @@ class TopicTable:
     def __init__(self) -> None:
         self.topics: dict[str, Topic] = {}
         self.topics_by_id: dict[uuid.UUID, Topic] = {}
+        self.changes = TopicChanges()  # bumped by each engine's topic changes
 
     def topic(self, name: str) -> Topic:
         t = self.topics.get(name)
@@ -177,6 +205,7 @@ class StorageEngine(Protocol):
     topics: dict[str, Topic]  # read-only for callers: change topics through the methods
     topics_by_id: dict[uuid.UUID, Topic]
     topic_defaults: dict[str, str]  # broker settings that are topic config defaults
+    changes: TopicChanges  # topics created, deleted, reconfigured (broker.engine.TopicTable)
     group_offsets: GroupOffsetBackend  # where committed consumer-group offsets are kept
 
     async def open(self) -> None: ...

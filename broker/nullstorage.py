@@ -86,12 +86,14 @@ class NullStorage(TopicTable):
         self._add_partitions(t, partitions)
         self.topics[name] = t
         self.topics_by_id[t.topic_id] = t
+        self.changes.bump()
         return t
 
     async def delete_topic(self, name: str) -> None:
         t = self.topic(name)
         del self.topics[name]
         self.topics_by_id.pop(t.topic_id, None)
+        self.changes.bump()
         for sid in t.streams:
             self._offsets.pop(sid, None)
 
@@ -130,6 +132,7 @@ class NullStorage(TopicTable):
         valid = self.valid_configs(configs)
         if not validate_only:
             t.configs = valid
+            self.changes.bump()
 
     # -- produce ---------------------------------------------------------------------------
     async def room(self) -> None:

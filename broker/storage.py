@@ -156,20 +156,26 @@ class Storage(TopicTable):
         """Topics, configs and partitions as the database has them (any broker may change
         them)."""
         rows = {r.name: r for r in snap.topics}
+        changed = False
         for name in [n for n, t in self.topics.items()
                      if n not in rows or rows[n].topic_id != t.topic_id]:
             t = self.topics.pop(name)
             self.topics_by_id.pop(t.topic_id, None)
+            changed = True
         parts: dict[str, list[PartitionRow]] = {}
         for p in snap.partitions:
             parts.setdefault(p.topic, []).append(p)
         for name, row in rows.items():
-            t = self.topics.get(name) or self._add_topic(row)
+            known = self.topics.get(name)
+            t = known if known is not None else self._add_topic(row)
+            changed = changed or known is None
             if t.configs != row.configs:
-                t.configs = row.configs
+                t.configs, changed = row.configs, True
             for p in parts.get(name, []):  # in partition order
                 if p.partition == len(t.streams):
                     t.streams.append(p.stream_id)
+        if changed:
+            self.changes.bump()
 
     def cluster_view(self) -> ClusterView | None:
         return self.cluster.view
@@ -212,6 +218,7 @@ class Storage(TopicTable):
                 raise KafkaError(ErrorCode.topic_already_exists, str(e)) from None
             t = self._add_topic(row)
             t.streams.extend(s.stream_id for s in streams)
+            self.changes.bump()
             await self._sync_quietly()  # the controller places the partitions
             return t
 
@@ -229,6 +236,7 @@ class Storage(TopicTable):
             await self.kafka.delete_topic(name)
             del self.topics[name]
             self.topics_by_id.pop(t.topic_id, None)
+            self.changes.bump()
             for sid in t.streams:
                 self.cluster.held.pop(sid, None)
                 self.replicas.drop(sid)
@@ -272,6 +280,7 @@ class Storage(TopicTable):
             return
         await self.kafka.set_topic_configs(name, valid)
         t.configs = valid
+        self.changes.bump()
 
     # -- produce ---------------------------------------------------------------------------
     async def room(self) -> None:

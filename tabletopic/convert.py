@@ -179,6 +179,8 @@ def normalize(t: pa.DataType) -> pa.DataType | None:
     return t
 
 
+# what msgspec raises for a value that is not JSON (a string not UTF-8: UnicodeDecodeError)
+_NOT_JSON = (msgspec.DecodeError, UnicodeDecodeError)
 RowDecoder = tuple[Callable[[bytes], Any], Any]
 _FLAT: dict[pa.DataType, Any] = {
     pa.int64(): int | None,
@@ -282,7 +284,7 @@ class Converter:
         decode, empty = decoder
         try:
             rows = [empty if v is None else decode(v) for v in cols.values]
-        except msgspec.DecodeError:  # ValidationError too
+        except _NOT_JSON:  # ValidationError too
             return None
         try:
             return {k: pa.array(list(map(attrgetter(f"f{i}"), rows)), type=t)
@@ -302,7 +304,7 @@ class Converter:
         good: list[int] | None = None
         try:
             rows = [{} if v is None else decode(v) for v in values]
-        except msgspec.DecodeError:  # some are not JSON: each one says why
+        except _NOT_JSON:  # some are not JSON: each one says why
             good, rows = [], []
             for i, v in enumerate(values):
                 if v is None:
@@ -311,7 +313,7 @@ class Converter:
                     continue
                 try:
                     doc = decode(v)
-                except msgspec.DecodeError as e:
+                except _NOT_JSON as e:
                     invalid.append(Invalid(cols.record(i), f"invalid JSON record: {e}"))
                     continue
                 good.append(i)
@@ -357,7 +359,7 @@ class Converter:
                     t = unify(self.fields.get(k), infer(v))
                     if t is not None and t != self.fields.get(k):
                         changes[k] = t
-            except (msgspec.DecodeError, Conflict) as e:
+            except (*_NOT_JSON, Conflict) as e:
                 invalid.append(Invalid(cols.record(i), f"invalid JSON record: {e}"))
                 continue
             self.fields.update(changes)

@@ -53,8 +53,10 @@ class TableTopics:
         requests = asyncio.create_task(self._follow_requests(), name="table-requests")
         try:
             while True:
+                seen = self.storage.changes.count
                 await self._sync()
-                await asyncio.sleep(self.poll_s)
+                # the next poll, or at once when a topic is created, deleted or reconfigured
+                await self.storage.changes.wait_past(seen, self.poll_s)
         finally:
             requests.cancel()
             with contextlib.suppress(asyncio.CancelledError):

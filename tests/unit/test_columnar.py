@@ -132,7 +132,8 @@ def _old_kafka_column(partition: int, recs: list[Record]) -> pa.StructArray:
 
 
 class OldConverter(Converter):
-    """tabletopic.convert.Converter.convert for JSON values before the columnar path."""
+    """tabletopic.convert.Converter.convert for JSON values before the columnar path (and one
+    fix since: a string not UTF-8 makes its record invalid, it no longer raises)."""
 
     def convert(self, partition: int, recs: list[Record]
                 ) -> tuple[pa.Table | None, list[Invalid]]:
@@ -158,7 +159,7 @@ class OldConverter(Converter):
                 continue
             try:
                 doc = decoder.decode(r.value)
-            except msgspec.DecodeError as e:
+            except (msgspec.DecodeError, UnicodeDecodeError) as e:
                 invalid.append(Invalid(r, f"invalid JSON record: {e}"))
                 continue
             if not isinstance(doc, dict) or "_kafka" in doc:
@@ -198,7 +199,7 @@ class OldConverter(Converter):
                     t = unify(self.fields.get(k), infer(v))
                     if t is not None and t != self.fields.get(k):
                         changes[k] = t
-            except (msgspec.DecodeError, Conflict) as e:
+            except (msgspec.DecodeError, UnicodeDecodeError, Conflict) as e:
                 invalid.append(Invalid(r, f"invalid JSON record: {e}"))
                 continue
             self.fields.update(changes)
@@ -295,6 +296,8 @@ def _flat_value(rnd: random.Random, i: int, bad: float, nested: bool) -> bytes |
             b'{"id": 123456789012345678901234567890}', b'{"id": 9223372036854775808}',
             b'{"amount": 123456789012345678901234567890}', b'{"id": 1} x',
             b'{"amount": 9007199254740993}', b'{"brand_new": 1}', b'{"id": 1, "id": "x"}',
+            b'{"amount": NaN}', b'{"amount": -0}', b'{"user": "\xff"}', b'{"id": 1}{"id": 2}',
+            b' {"id": 1}', b'{\n"id": 1}', b'{"user": "\\ud800"}',
             *([b'{"nested": {"a": 1}}', b'{"user": ["a"]}'] if nested else [])])
     doc: dict[str, Any] = {"id": rnd.choice([i, -i, None, 2**63 - 1, -(2**63)])}
     if rnd.random() < 0.9:
@@ -363,3 +366,17 @@ def test_the_compiled_parser_is_there() -> None:
     assert columnar._CBatch is not None
     module = sys.modules[columnar._CBatch.__module__]
     assert str(module.__file__).endswith(".so"), module.__file__  # aiokafka's pure-Python twin
+
+
+@pytest.mark.parametrize("n", [3, 600])  # record by record, and Arrow's bulk reader first
+def test_a_string_not_utf8_makes_its_record_invalid(n: int) -> None:
+    """It goes to the dead letters; it used to raise out of convert (the partition stalled)."""
+    known = pa.schema([pa.field("_kafka", KAFKA_TYPE), pa.field("a", pa.string())])
+    for conv in (Converter("json"), Converter("json", known)):
+        recs = [Record(i, 0, None, b'{"a": "ok"}', ()) for i in range(n)]
+        recs[1] = Record(1, 0, None, b'{"a": "\xff"}', ())
+        table, bad = conv.convert(0, recs)
+        assert [(b.record.offset, b.reason.split(":")[0]) for b in bad] == \
+            [(1, "invalid JSON record")]
+        assert table is not None and table.num_rows == n - 1
+        assert table.column("a").to_pylist() == ["ok"] * (n - 1)
