@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks import ceilings, tablebench
 from benchmarks.drive import consume_all, create_topic, produce
-from benchmarks.figures import add_read, add_run, apply_ceilings
+from benchmarks.figures import RAW, add_read, add_run, apply_ceilings
 from benchmarks.motoproc import MOTO_ENV, empty_bucket
 from benchmarks.procs import Processes
 from benchmarks.procstat import LoadMeter
@@ -249,7 +249,7 @@ class Run:
             add_read(self.results, system.name, "catchup", "catchup_mib_s", read, acked)
 
     def _raw_store(self, name: str, system: System) -> None:
-        raw_name = "raw-file" if name == FLOE_FILE else "raw-s3"
+        raw_name = RAW[name]
         log(f"{raw_name}: sequential GET/PUT of the broker's objects")
         budget = 1.0 if self.opts.quick else 8.0
         r = ceilings.raw_object_store(system.object_store_url, system.wal_sizes, budget_s=budget)
@@ -267,7 +267,7 @@ class Run:
     def _put_latency(self, name: str, system: System, w: Workload, wal_sizes: list[int]) -> None:
         """Sequential PUTs of the median WAL object the fixed-rate workload left, on the same
         store, the broker stopped: the store's own share of a produce latency."""
-        raw_name = "raw-file" if name == FLOE_FILE else "raw-s3"
+        raw_name = RAW[name]
         if not wal_sizes:
             self.results.add(raw_name, w.name, "put_p99_ms", None, "ms", False,
                              error="the broker left no WAL object to size the PUTs by")
