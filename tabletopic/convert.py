@@ -3,9 +3,10 @@ objects whose top-level fields become columns with inferred, evolving types).
 
 JSON typing: booleans -> boolean, integers -> long, other numbers -> double, strings -> string,
 objects -> struct, arrays -> list. A field seen for the first time adds a column (or a nested
-field); an integer where a double column exists is widened; any other mismatch (a string where
-a long column exists, ...) makes that record invalid: it goes to the dead-letter topic, the
-others go on. Null, [] and {} carry no type: they never create a column on their own.
+field); an integer where a double column exists is widened (if a double holds it exactly:
+up to 2**53 in magnitude); any other mismatch (a string where a long column exists, a larger
+integer in a double column, ...) makes that record invalid: it goes to the dead-letter topic,
+the others go on. Null, [] and {} carry no type: they never create a column on their own.
 """
 
 from __future__ import annotations
@@ -90,6 +91,23 @@ def unify(known: pa.DataType | None, new: pa.DataType | None) -> pa.DataType | N
     if pa.types.is_list(known) and pa.types.is_list(new):
         return pa.list_(unify(known.value_type, new.value_type))
     raise Conflict(f"{new} where the column is {known}")
+
+
+EXACT_DOUBLE = 2**53  # the largest magnitude of an integer every double holds exactly
+
+
+def inexact(v: Any, t: pa.DataType | None) -> int | None:
+    """An integer of the JSON value `v` (nested too) that type `t` keeps as a double and no
+    double holds exactly (Arrow refuses to round it), or None."""
+    if t is None or v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if pa.types.is_float64(t) and not -EXACT_DOUBLE <= v <= EXACT_DOUBLE else None
+    if isinstance(v, list) and pa.types.is_list(t):
+        return next((b for item in v if (b := inexact(item, t.value_type)) is not None), None)
+    if isinstance(v, dict) and pa.types.is_struct(t):
+        return next((b for f in t if (b := inexact(v.get(f.name), f.type)) is not None), None)
+    return None
 
 
 def kafka_column(partition: int, records: list[Record] | Columns) -> pa.StructArray:
@@ -328,13 +346,17 @@ class Converter:
                 fields[f.name] = unify(fields.get(f.name), f.type)
         except (pa.ArrowException, Conflict, OverflowError):
             return None
-        self.fields = {k: t for k, t in fields.items() if t is not None}
+        known, self.fields = self.fields, {k: t for k, t in fields.items() if t is not None}
         n = len(rows)
         if isinstance(batch, pa.ChunkedArray):
             batch = batch.combine_chunks()
         names = {f.name for f in batch.type} if batch is not None else set()
-        arrays = {k: align(batch.field(k), t) if batch is not None and k in names
-                  else pa.nulls(n, t) for k, t in self.fields.items()}
+        try:
+            arrays = {k: align(batch.field(k), t) if batch is not None and k in names
+                      else pa.nulls(n, t) for k, t in self.fields.items()}
+        except pa.ArrowException:  # a long that a double column cannot hold exactly, ...
+            self.fields = known
+            return None
         return good, arrays
 
     def _json_rows_slow(
@@ -359,6 +381,11 @@ class Converter:
                     t = unify(self.fields.get(k), infer(v))
                     if t is not None and t != self.fields.get(k):
                         changes[k] = t
+                for k, v in doc.items():
+                    big = inexact(v, changes.get(k) or self.fields.get(k))
+                    if big is not None:
+                        raise Conflict(f"integer {big} of {k} is not exactly a double, the"
+                                       " column's type")
             except (*_NOT_JSON, Conflict) as e:
                 invalid.append(Invalid(cols.record(i), f"invalid JSON record: {e}"))
                 continue
