@@ -40,7 +40,7 @@ from broker.errors import KafkaError
 from broker.metadata.tablework import Answer, FileSet, TableWork
 from broker.protocol.recordcodec import Record
 from broker.protocol.records import BatchHeader
-from tabletopic.columnar import decode_columns
+from tabletopic.columnar import Columns, decode_columns
 from tabletopic.commit import StaleOffsets, covers, table_offsets
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import OFFSETS
@@ -516,9 +516,38 @@ def _convert_columns(
     errors.tolerance=none, the first invalid record (the table then holds the rows before it,
     and there are no dead letters)."""
     cols = decode_columns(data, batches, offset)
-    table, dead = conv.convert_columns(partition, cols)
+    table, dead = convert_isolating(conv, partition, cols)
     if dead and stop_at_invalid:
         first = dead[0]
-        table, _ = conv.convert_columns(partition, cols.before(first.record.offset))
+        table, _ = convert_isolating(conv, partition, cols.before(first.record.offset))
         return table, [], first
     return table, dead, None
+
+
+def convert_isolating(
+    conv: Converter, partition: int, cols: Columns
+) -> tuple[pa.Table | None, list[Invalid]]:
+    """conv.convert_columns, and if it raises (a record that trips a bug in the conversion:
+    it is pure, so the batch would fail the same way at every retry and the partition's table
+    stop there), record by record: a record whose conversion raises is a dead letter saying
+    so, the others are rows as usual."""
+    try:
+        return conv.convert_columns(partition, cols)
+    except Exception as e:
+        log.warning("converting %d records of partition %d failed (%r): again one by one, those"
+                    " that fail go to the dead letters", len(cols), partition, e)
+    tables: list[pa.Table] = []
+    dead: list[Invalid] = []
+    for i in range(len(cols)):
+        one = cols.take([i])
+        try:
+            table, bad = conv.convert_columns(partition, one)
+        except Exception as e:
+            dead.append(Invalid(one.record(0), f"conversion failed: {type(e).__name__}: {e}"))
+            continue
+        dead += bad
+        if table is not None:
+            tables.append(table)
+    if not tables:
+        return None, dead
+    return pa.concat_tables(tables, promote_options="permissive").combine_chunks(), dead
