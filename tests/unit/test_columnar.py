@@ -205,7 +205,7 @@ class OldConverter(Converter):
                     if t is not None and t != self.fields.get(k):
                         changes[k] = t
                 for k, v in doc.items():
-                    big = inexact(v, changes.get(k) or self.fields.get(k))
+                    big = inexact(v, changes[k] if k in changes else self.fields.get(k))
                     if big is not None:
                         raise Conflict(f"integer {big} of {k} is not exactly a double, the"
                                        " column's type")
