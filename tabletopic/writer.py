@@ -530,24 +530,31 @@ def convert_isolating(
     """conv.convert_columns, and if it raises (a record that trips a bug in the conversion:
     it is pure, so the batch would fail the same way at every retry and the partition's table
     stop there), record by record: a record whose conversion raises is a dead letter saying
-    so, the others are rows as usual."""
+    so, the others are rows as usual. If no record converts alone, the fault is not one
+    record's: the batch's exception is raised (the writer retries; nothing is dead-lettered
+    for a fault of the conversion itself)."""
     try:
         return conv.convert_columns(partition, cols)
     except Exception as e:
+        first = e
         log.warning("converting %d records of partition %d failed (%r): again one by one, those"
                     " that fail go to the dead letters", len(cols), partition, e)
     tables: list[pa.Table] = []
     dead: list[Invalid] = []
+    failed: list[Invalid] = []
     for i in range(len(cols)):
         one = cols.take([i])
         try:
             table, bad = conv.convert_columns(partition, one)
         except Exception as e:
-            dead.append(Invalid(one.record(0), f"conversion failed: {type(e).__name__}: {e}"))
+            failed.append(Invalid(one.record(0), f"conversion failed: {type(e).__name__}: {e}"))
+            dead.append(failed[-1])
             continue
         dead += bad
         if table is not None:
             tables.append(table)
+    if len(failed) == len(cols):
+        raise first
     if not tables:
         return None, dead
     return pa.concat_tables(tables, promote_options="permissive").combine_chunks(), dead

@@ -3,11 +3,13 @@ record invalid) must not stop its partition's table: converting is pure, so the 
 retry the same batch forever. tabletopic.writer.convert_isolating converts such a batch record
 by record; what must hold: every other record becomes its row at its own offset, the one that
 raises is a dead letter saying why, and with errors.tolerance=none the partition stops at it
-with the rows before it."""
+with the rows before it. A fault that every record trips is the conversion's, not a record's:
+it is raised as before (the writer retries), nothing goes to the dead letters."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from broker.protocol import records
 from broker.protocol.recordcodec import encode_batch
@@ -61,3 +63,22 @@ def test_with_tolerance_none_the_partition_stops_at_it() -> None:
     assert not dead and first is not None and first.record.offset == 102
     assert first.reason.startswith("conversion failed: RuntimeError")
     assert table is not None and table.column("a").to_pylist() == [1, 2]
+
+
+class Broken(Converter):
+    """A converter every record trips."""
+
+    def convert_columns(self, partition: int, cols: Columns
+                        ) -> tuple[pa.Table | None, list[Invalid]]:
+        raise RuntimeError("broken for all")
+
+
+def test_a_fault_every_record_trips_is_raised_not_dead_lettered() -> None:
+    cols = Columns(list(range(3)), [0] * 3, [None] * 3, [b'{"a": 1}'] * 3, [()] * 3)
+    with pytest.raises(RuntimeError, match="broken for all"):
+        convert_isolating(Broken("json"), 0, cols)
+    alone = cols.take([0])  # one record alone: nothing tells the two apart, so it waits
+    with pytest.raises(RuntimeError):
+        convert_isolating(Broken("json"), 0, alone)
+    with pytest.raises(RuntimeError):  # the poison alone too: the next records will tell
+        convert_isolating(Buggy("json"), 0, Columns([7], [0], [None], [POISON], [()]))
