@@ -305,7 +305,10 @@ async def send_one_connection(address: tuple[str, int], batch: list[Mutated], wa
     them all, closes, or `wait_s` passes; then hang up."""
     out.connections += 1
     out.frames += len(batch)
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5)
+    # asyncio.timeout, not wait_for: Python 3.11's wait_for can drop a connection made just
+    # as it times out, and the socket leaks (python/cpython#81839; a ResourceWarning here)
+    async with asyncio.timeout(5):
+        reader, writer = await asyncio.open_connection(*address)
     responses = 0
     closed = False
     try:
