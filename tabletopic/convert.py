@@ -381,8 +381,7 @@ class Converter:
                     t = unify(self.fields.get(k), infer(v))
                     if t is not None and t != self.fields.get(k):
                         changes[k] = t
-                for k, v in doc.items():
-                    big = inexact(v, changes[k] if k in changes else self.fields.get(k))
+                    big = inexact(v, t)  # t: the column's type once this record is in
                     if big is not None:
                         raise Conflict(f"integer {big} of {k} is not exactly a double, the"
                                        " column's type")

@@ -541,19 +541,19 @@ def convert_isolating(
                     " that fail go to the dead letters", len(cols), partition, e)
     tables: list[pa.Table] = []
     dead: list[Invalid] = []
-    failed: list[Invalid] = []
+    failed = 0
     for i in range(len(cols)):
         one = cols.take([i])
         try:
             table, bad = conv.convert_columns(partition, one)
         except Exception as e:
-            failed.append(Invalid(one.record(0), f"conversion failed: {type(e).__name__}: {e}"))
-            dead.append(failed[-1])
+            failed += 1
+            dead.append(Invalid(one.record(0), f"conversion failed: {type(e).__name__}: {e}"))
             continue
         dead += bad
         if table is not None:
             tables.append(table)
-    if len(failed) == len(cols):
+    if failed == len(cols):
         raise first
     if not tables:
         return None, dead
