@@ -2,11 +2,13 @@
 catch-up workload, a broker restart, a cold read from offset 0, and the raw sequential GET of
 the same objects in the same run (the ceiling the full run divides by).
 
-`.venv/bin/python -m benchmarks.catchup [--seconds 8] [--profile DIR] [--file] [--floe-root DIR]`
+`.venv/bin/python -m benchmarks.catchup [--seconds 8] [--profile DIR [--gil]] [--file]
+[--floe-root DIR]`
 
-Prints catch-up MiB/s, its ratio to raw GET, the longest wait between records at the consumer
-and the broker's CPU seconds per GiB read; with `--profile`, `py-spy record` samples the broker
-during the read (DIR/catchup.svg flame graph and DIR/catchup.txt top frames). The machine is
+Prints catch-up MiB/s, its ratio to raw GET, the longest wait between records at the consumer,
+the broker's CPU seconds per GiB read and its peak RSS; with `--profile`, `py-spy record`
+samples the broker during the read (DIR/catchup.svg flame graph and DIR/catchup.txt top
+frames; `--gil`: only the thread holding the GIL). The machine is
 shared: compare ratios from one run, not absolute figures between runs.
 """
 
@@ -36,9 +38,10 @@ def _workload(seconds: float) -> Workload:
     return Workload(w.name, w.size, w.partitions, 0, seconds, flush_timeout=30)
 
 
-def _py_spy(pid: int, out: Path, fmt: str) -> subprocess.Popen[bytes]:
+def _py_spy(pid: int, out: Path, fmt: str, gil: bool = False) -> subprocess.Popen[bytes]:
     spy = Path(sys.executable).with_name("py-spy")
     cmd = [str(spy), "record", "--pid", str(pid), "--rate", "200", "--format", fmt]
+    cmd += ["--gil"] if gil else []
     cmd += ["--output", str(out), "--nonblocking"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -80,7 +83,11 @@ def _store_requests(address: str | None) -> dict[str, float]:
 
 
 def run(
-    seconds: float, profile: Path | None, system_name: str, floe_root: Path | None = None
+    seconds: float,
+    profile: Path | None,
+    system_name: str,
+    floe_root: Path | None = None,
+    gil: bool = False,
 ) -> dict[str, Any]:
     w = _workload(seconds)
     os.environ.update(MOTO_ENV)  # the raw GET ceiling's own client
@@ -107,13 +114,14 @@ def run(
         if profile is not None and system.proc is not None:
             profile.mkdir(parents=True, exist_ok=True)
             spies = [
-                _py_spy(system.proc.pid, profile / "catchup.svg", "flamegraph"),
-                _py_spy(system.proc.pid, profile / "catchup.raw", "raw"),
+                _py_spy(system.proc.pid, profile / "catchup.svg", "flamegraph", gil),
+                _py_spy(system.proc.pid, profile / "catchup.raw", "raw", gil),
             ]
         read, cpu = consume_all(
             procs, system, topic, w.partitions, acked, work, "catchup", 120.0
         )
         requests = _store_requests(system.metrics_address)
+        after = system.sample()
         system.stop()
         for s in spies:
             s.wait(30)
@@ -129,6 +137,7 @@ def run(
         "max_gap_s": read.get("max_gap_s"),
         "broker_cpu_s_per_gib": cpu / (mib / 1024) if mib else None,
         "store_requests": requests,
+        "peak_rss_mib": after.peak_rss_bytes / 2**20 if after is not None else None,
         "error": read.get("error") or raw.error,
     }
     if profile is not None and (profile / "catchup.raw").exists():
@@ -143,10 +152,12 @@ def main() -> int:
     ap.add_argument("--profile", help="directory for py-spy's flame graph and top frames")
     ap.add_argument("--file", action="store_true", help="the local-directory store, not moto")
     ap.add_argument("--floe-root", help="measure the broker of another checkout")
+    ap.add_argument("--gil", action="store_true",
+                    help="profile only the thread holding the GIL (the broker's Python CPU)")
     args = ap.parse_args()
     prof = Path(args.profile) if args.profile else None
     root = Path(args.floe_root).resolve() if args.floe_root else None
-    out = run(args.seconds, prof, FLOE_FILE if args.file else FLOE_S3, root)
+    out = run(args.seconds, prof, FLOE_FILE if args.file else FLOE_S3, root, args.gil)
     print(json.dumps(out, indent=1))
     if prof is not None and (prof / "catchup.txt").exists():
         print((prof / "catchup.txt").read_text())

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 from urllib.parse import urlparse
 
 from s3stream.errors import ObjectNotFoundError as ObjectNotFoundError  # re-exported
@@ -113,6 +113,30 @@ async def put_parts(store: ObjectStore, key: str, parts: Sequence[Buffer]) -> No
         await store.put(key, b"".join(parts))
 
 
+def cut(data: bytes, lengths: Sequence[int]) -> list[bytes]:
+    """`data` cut into consecutive parts of `lengths` (short or empty where it ends first)."""
+    out, pos = [], 0
+    for n in lengths:
+        out.append(data[pos : pos + n])  # the whole of `data` itself when it is one part
+        pos += n
+    return out
+
+
+async def get_parts(
+    store: ObjectStore, key: str, start: int, lengths: Sequence[int]
+) -> list[bytes]:
+    """The object's bytes from `start`, one range GET, cut into consecutive parts of
+    `lengths` (short or empty where the object ends first), each its own bytes object: a
+    GET that brings many chunks keeps no copy of the whole range beside them (a range of a
+    WAL object brings several partitions' chunks). Stores with a `get_parts` of their own (S3:
+    the body read part by part; a local file: a pread per part) use it; others: `get_range`,
+    cut."""
+    native = getattr(store, "get_parts", None)
+    if native is not None:
+        return cast(list[bytes], await native(key, start, lengths))
+    return cut(await store.get_range(key, start, sum(lengths)), lengths)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -193,6 +217,20 @@ class LocalDirObjectStore:
         finally:
             os.close(fd)
 
+    def _get_parts(self, key: str, start: int, lengths: Sequence[int]) -> list[bytes]:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(key) from None
+        try:
+            out = []
+            for n in lengths:
+                out.append(os.pread(fd, n, start))
+                start += n
+            return out
+        finally:
+            os.close(fd)
+
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await asyncio.to_thread(self._put, key, data)
 
@@ -209,6 +247,9 @@ class LocalDirObjectStore:
 
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         return await asyncio.to_thread(self._get_range, key, start, length)
+
+    async def get_parts(self, key: str, start: int, lengths: Sequence[int]) -> list[bytes]:
+        return await asyncio.to_thread(self._get_parts, key, start, lengths)
 
     async def delete(self, key: str) -> None:
         def rm() -> None:
@@ -292,7 +333,12 @@ class RetryingObjectStore:
             attempt, f"object store {op} {key!r}", rand=self._rand, on_retry=self._retried,
             logger=log,
         )
-        got = len(result) if isinstance(result, bytes | bytearray | memoryview) else 0
+        if isinstance(result, bytes | bytearray | memoryview):
+            got = len(result)
+        elif isinstance(result, list):  # get_parts
+            got = sum(len(part) for part in result)
+        else:
+            got = 0
         self.stats.costs.record(op, key, put_bytes + got)
         return result
 
@@ -309,6 +355,9 @@ class RetryingObjectStore:
 
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         return await self._run("GET", key, lambda: self.inner.get_range(key, start, length))
+
+    async def get_parts(self, key: str, start: int, lengths: Sequence[int]) -> list[bytes]:
+        return await self._run("GET", key, lambda: get_parts(self.inner, key, start, lengths))
 
     async def delete(self, key: str) -> None:
         await self._run("DELETE", key, lambda: self.inner.delete(key))

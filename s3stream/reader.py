@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 from s3stream.cache import ChunkCache
 from s3stream.index import Chunk, IndexMixin
-from s3stream.objectstore import ObjectNotFoundError, ObjectStore
-from s3stream.readplan import Fetch, Get, InFlight, span
+from s3stream.objectstore import ObjectNotFoundError, ObjectStore, get_parts
+from s3stream.readplan import Fetch, Get, InFlight, pieces, span
 from s3stream.sharedreads import SharedReads
 from s3stream.wal import WalSettings
 
@@ -72,8 +72,8 @@ def _fail(flight: InFlight, e: BaseException) -> None:
     """Hand a GET's failure to whoever waits for it (a cancelled GET: retriable, as a race)."""
     if not isinstance(e, Exception):
         e = ReadRaceError(f"the GET this read waited for stopped: {e!r}")
-    flight.blob.set_exception(e)
-    flight.blob.exception()  # retrieved: nobody may be waiting
+    flight.parts.set_exception(e)
+    flight.parts.exception()  # retrieved: nobody may be waiting
 
 
 class ReaderMixin(IndexMixin):
@@ -87,6 +87,8 @@ class ReaderMixin(IndexMixin):
     def _init_reader(self) -> None:
         # chunks (object id, position) a GET under way will bring: a read waits for it
         self._inflight: dict[tuple[int, int], InFlight] = {}
+        # GETs planned and not started yet, by object id: a read may still widen them
+        self._planned: dict[int, list[InFlight]] = {}
         self._ahead: dict[int, asyncio.Future[None]] = {}  # read-ahead under way, by stream
         self._ahead_bytes = 0
         # reads of one (stream, offset) made once; full ones kept for the fetch that comes back
@@ -232,6 +234,10 @@ class ReaderMixin(IndexMixin):
                 continue
             if runs and missed == k - 1 and self._extends(runs[-1], c, budget):
                 runs[-1].append(c)
+            # a GET widened by others' chunks holds no more than a quarter of the cache
+            elif (flight := self._join(c, max(budget, self.cache.max_bytes // 4))) is not None:
+                waits[key] = flight
+                continue
             else:
                 runs.append([c])
             missed = k
@@ -247,6 +253,44 @@ class ReaderMixin(IndexMixin):
                 runs[-1].append(c)
         return runs, waits
 
+    def _join(self, c: Chunk, budget: int) -> InFlight | None:
+        """A GET of c's object planned by another read and not started yet that c is stored
+        right before or after, widened to bring c too (within `budget`); None if there is
+        none. The reads of a fetch of many partitions are planned one after the other before
+        any of their GETs starts, and a WAL object holds a chunk of each partition back to
+        back: they then make one GET per object between them, not one per partition and
+        object (moto spends ~5 ms of CPU on any GET, and a range of an object costs it as
+        much as reading the whole object; S3 bills per request)."""
+        for f in self._planned.get(c.object_id, ()):
+            if c.position == f.hi and c.position + c.length - f.lo <= budget:
+                f.hi = c.position + c.length
+            elif c.position + c.length == f.lo and f.hi - c.position <= budget:
+                f.lo = c.position
+            else:
+                continue
+            key = (c.object_id, c.position)
+            f.joined.append((c.position, c.length))
+            f.keys.append(key)
+            self._inflight[key] = f
+            return f
+        return None
+
+    def _start(self, oid: int, flight: InFlight) -> None:
+        """The flight's range is final from now on (it no longer takes joiners)."""
+        if not flight.started:
+            flight.started = True
+            pending = self._planned.get(oid)
+            if pending is not None:
+                pending.remove(flight)
+                if not pending:
+                    del self._planned[oid]
+
+    def _forget(self, flight: InFlight) -> None:
+        """The flight has ended: its chunks are no longer coming (the cache has them)."""
+        for k in flight.keys:
+            if self._inflight.get(k) is flight:
+                del self._inflight[k]
+
     async def _fetch(
         self, chunks: list[Chunk], first: int, end: int, want: int
     ) -> dict[tuple[int, int], bytes]:
@@ -254,7 +298,10 @@ class ReaderMixin(IndexMixin):
         cache, from a GET already in flight (another read's, or a read-ahead's), else by
         range GETs, each covering a run of chunks stored back to back in one object, up to
         READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one GET per
-        chunk). The last run reads ahead over the chunks stored after it, within the GET
+        chunk, which other streams' reads planned before it starts widen with their chunks
+        stored next to them: `_join`). Each GET's body is read chunk by chunk
+        (`objectstore.get_parts`): no copy of its whole range lives beside the chunks. The
+        last run reads ahead over the chunks stored after it, within the GET
         budget (`_budget`: the read-ahead setting or the `want` bytes the read asked for,
         within a quarter of the cache). A GET in an object none of whose chunks is cached or
         coming covers them all, every stream's, while the objects one read fetches whole span
@@ -276,7 +323,7 @@ class ReaderMixin(IndexMixin):
         got: dict[tuple[int, int], bytes] = {}
         budget = self._budget(want)
         runs, waits = self._plan(chunks, first, end, budget, got)
-        whole = min(budget, self.cache.max_bytes // WHOLE_OBJECT_SHARE)  # GET whole, in all
+        whole = self.cache.max_bytes // WHOLE_OBJECT_SHARE  # bytes of objects GET whole, in all
         gets = []
         for run in runs:
             oid = run[0].object_id
@@ -291,14 +338,14 @@ class ReaderMixin(IndexMixin):
                     whole -= ohi - olo
                 else:
                     others = set()
-            flight = InFlight(asyncio.get_running_loop().create_future(), lo)
+            flight = InFlight(asyncio.get_running_loop().create_future(), lo, hi)
             mine = [(oid, p) for p, _ in others] + [(oid, c.position) for c in run]
-            mine = [k for k in mine if k not in self._inflight]
-            for k in mine:
+            flight.keys = [k for k in mine if k not in self._inflight]
+            for k in flight.keys:
                 self._inflight[k] = flight
-            gets.append(Get(run, hi, others, flight, mine))
-        lengths = {(c.object_id, c.position): c.length for c in chunks[first:end]}
-        return Fetch(got, gets, [(k, f, lengths[k]) for k, f in waits.items()])
+            self._planned.setdefault(oid, []).append(flight)
+            gets.append(Get(run, others, flight))
+        return Fetch(got, gets, list(waits.items()))
 
     def _untouched(self, oid: int, chunks: set[tuple[int, int]]) -> bool:
         """Whether none of these chunks of the object is cached or coming (then fetching it
@@ -312,33 +359,44 @@ class ReaderMixin(IndexMixin):
         limit = asyncio.Semaphore(READ_CONCURRENCY)
 
         async def get(g: Get) -> None:
-            oid, lo = g.run[0].object_id, g.flight.lo
+            oid, flight = g.run[0].object_id, g.flight
             try:
                 async with limit:
-                    blob = await self.objects.get_range(self._key(oid), lo, g.hi - lo)
+                    self._start(oid, flight)
+                    mine = [(c.position, c.length) for c in g.run]
+                    cuts = pieces(flight.lo, flight.hi, [*g.others, *flight.joined, *mine])
+                    data = await get_parts(
+                        self.objects, self._key(oid), flight.lo, [n for _, n in cuts]
+                    )
             except BaseException as e:
-                _fail(g.flight, e)
+                _fail(flight, e)
                 raise
             else:
-                g.flight.blob.set_result(blob)
-                for p, n in g.others:
-                    self.cache.put((oid, p), blob[p - lo : p - lo + n])
+                parts = {p: d for (p, _), d in zip(cuts, data, strict=True) if p >= 0}
+                flight.parts.set_result(parts)
+                for p, d in parts.items():
+                    self.cache.put((oid, p), d)
                 for c in g.run:
-                    part = blob[c.position - lo : c.position - lo + c.length]
-                    self.cache.put((oid, c.position), part)
-                    got[(oid, c.position)] = part
+                    got[(oid, c.position)] = parts[c.position]
             finally:
-                for k in g.mine:
-                    if self._inflight.get(k) is g.flight:
-                        del self._inflight[k]
+                self._forget(flight)
 
-        async def wait(key: tuple[int, int], flight: InFlight, length: int) -> None:
-            blob = await asyncio.shield(flight.blob)
-            got[key] = blob[key[1] - flight.lo : key[1] - flight.lo + length]
+        async def wait(key: tuple[int, int], flight: InFlight) -> None:
+            got[key] = (await asyncio.shield(flight.parts)).get(key[1], b"")
 
         work = [get(g) for g in plan.gets] + [wait(*w) for w in plan.waits]
-        for r in await asyncio.gather(*work, return_exceptions=True):
-            if isinstance(r, BaseException):  # every GET has finished: nothing left running
+        try:
+            results = await asyncio.gather(*work, return_exceptions=True)
+        finally:
+            # every GET has ended, one way or another; one cancelled before its task ran
+            # never got to its own clean-up, and a read waiting on it would wait forever
+            for g in plan.gets:
+                self._start(g.run[0].object_id, g.flight)
+                if not g.flight.parts.done():
+                    _fail(g.flight, asyncio.CancelledError())
+                self._forget(g.flight)
+        for r in results:
+            if isinstance(r, BaseException):
                 raise r
         return got
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -65,6 +65,21 @@ RETRIABLE_CODES = frozenset(
     }
 )
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+
+
+def _read_exactly(body: Any, n: int) -> bytes:
+    """`n` bytes of a streaming body (fewer only where it ends)."""
+    data = cast(bytes, body.read(n))
+    if len(data) == n or not data:
+        return data
+    pieces, got = [data], len(data)
+    while got < n:
+        more = cast(bytes, body.read(n - got))
+        if not more:
+            break
+        pieces.append(more)
+        got += len(more)
+    return b"".join(pieces)
 
 
 class S3Error(ObjectStoreError):
@@ -298,8 +313,30 @@ class S3ObjectStore:
         finally:
             body.close()
 
+    def _read_parts(self, key: str, start: int, lengths: Sequence[int]) -> list[bytes]:
+        byte_range = f"bytes={start}-{start + sum(lengths) - 1}"
+        kw: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": self._key(key)}
+        try:
+            resp = self._client.get_object(Range=byte_range, **kw)
+        except boto_errors.ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "InvalidRange":
+                return [b"" for _ in lengths]  # start at or past the end (as _read)
+            raise
+        body = resp["Body"]
+        try:
+            return [_read_exactly(body, n) for n in lengths]
+        finally:
+            body.close()
+
     async def get(self, key: str) -> bytes:
         return await self._call("GET", key, lambda: self._read(key, None))
+
+    async def get_parts(self, key: str, start: int, lengths: Sequence[int]) -> list[bytes]:
+        """One range GET whose body is read part by part (see objectstore.get_parts)."""
+        if sum(lengths) <= 0:
+            await self.get_range(key, start, 0)  # a HEAD: not found raises, as elsewhere
+            return [b"" for _ in lengths]
+        return await self._call("GET", key, lambda: self._read_parts(key, start, lengths))
 
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         """`length` bytes from `start` (fewer at the end of the object); length < 0: to the end."""

@@ -463,7 +463,10 @@ class WalMixin(IndexMixin):
         for p in batch:
             groups.setdefault(p.stream.stream_id, []).append(p)
         parts: list[StreamPart] = []
-        for sid, ps in groups.items():
+        # in stream order: a fetch reads a topic's partitions (consecutive streams) together,
+        # and the chunks of those of its reads that need this object then lie back to back,
+        # one range GET between them (s3stream.reader `_join`)
+        for sid, ps in sorted(groups.items()):
             data = ps[0].data if len(ps) == 1 else b"".join(p.data for p in ps)
             parts.append((sid, ps[0].base_offset, ps[-1].last_offset, data))
         key = f"wal/{object_id:016d}"

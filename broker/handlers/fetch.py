@@ -11,6 +11,7 @@ RackAwareReplicaSelector; `replica.selector.class` '' turns it off)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Coroutine
 from typing import Protocol, cast
@@ -35,6 +36,9 @@ READ_COMMITTED = 1
 # a fetch that has records ready answers without the partitions whose reads take longer than
 # this (from its start): records reach consumers steadily while a cold read fills the cache
 SERVE_WITHIN_S = 0.25
+# a partition's read in a fetch of many asks for an even share of the fetch's bytes (among
+# those with records to read), at least this much: see _Reads
+SHARE_FLOOR = 1 << 20
 # how a partition of a fetch is served (a node id >= 0: sent to that preferred read replica)
 LEADER = -1  # this broker leads it (or an error is answered)
 REPLICA = -2  # another broker leads it: a read replica's read
@@ -180,7 +184,16 @@ class _Reads:
     once, not once per partition. Each read asks for at least one batch; `_within` cuts its
     answer to what the budget left when its turn came, in whole batches. A read whose turn
     never comes (the budget was spent) still finishes: what it fetched is in the cache for the
-    next fetch."""
+    next fetch.
+
+    Each read asks for an even share of the budget among the partitions with records past
+    their fetch offset (at least SHARE_FLOOR, at most its partition_max_bytes), not for its
+    partition_max_bytes in turn: the reads then cover the same stretch of the log, whose WAL
+    objects hold every partition's chunks back to back, and make one range GET per object
+    between them (s3stream.reader `_join`). Kafka fills the partitions in order instead; a
+    consumer asks for "at most", and the fetch's bytes are the same. In 6 s catch-ups of 16
+    partitions from moto (benchmarks.catchup): 502-633 range GETs, against 677-729 with each
+    read asking for its partition_max_bytes (8 MiB there)."""
 
     def __init__(
         self,
@@ -197,11 +210,21 @@ class _Reads:
         self.limits: list[int] = []
         self.ahead = 0  # bytes the started reads not answered (yet) may bring
         self.began = time.monotonic()
+        self.share = max(budget // max(self._with_records(), 1), SHARE_FLOOR)
+
+    def _with_records(self) -> int:
+        """How many of the partitions this broker leads have records past the fetch offset."""
+        n = 0
+        for (topic, p), route in zip(self.parts, self.routes, strict=True):
+            if route == LEADER:
+                with contextlib.suppress(KafkaError):  # its read answers the error
+                    n += p.fetch_offset < self.storage.offsets(topic, p.partition)[1]
+        return n
 
     def _start(self) -> None:
         i = len(self.tasks)
         topic, p = self.parts[i]
-        limit = max(min(p.partition_max_bytes, self.budget), 0)
+        limit = max(min(p.partition_max_bytes, self.budget, self.share), 0)
         read: Coroutine[object, object, RecordSet | ReplicaRead]
         if self.routes[i] == REPLICA:
             read = self.storage.replica_read(

@@ -32,17 +32,25 @@ class Wanted:
 
 
 class SlowStorage:
-    """read() of partition p waits for gates[p] and answers data[p]; started: in call order."""
+    """read() of partition p waits for gates[p] and answers data[p]; started: in call order
+    (asked: the bytes each read asked for). Every partition has records from offset 0 to
+    ends[p] (default 1)."""
 
-    def __init__(self, data: dict[int, bytes]) -> None:
+    def __init__(self, data: dict[int, bytes], ends: dict[int, int] | None = None) -> None:
         self.data = data
+        self.ends = ends or {}
         self.gates = {p: asyncio.Event() for p in data}
         self.started: list[int] = []
+        self.asked: dict[int, int] = {}
+
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, self.ends.get(partition, 1)
 
     async def read_records(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> RecordSet:
         self.started.append(partition)
+        self.asked[partition] = max_bytes
         await self.gates[partition].wait()
         return record_set(self.data[partition])
 
@@ -52,8 +60,8 @@ def got(read: object) -> bytes:
     return read.tobytes()
 
 
-def reads(storage: SlowStorage, n: int, budget: int) -> Any:
-    parts = [("t", Wanted(p)) for p in range(n)]
+def reads(storage: SlowStorage, n: int, budget: int, partition_max: int = 100) -> Any:
+    parts = [("t", Wanted(p, 0, partition_max)) for p in range(n)]
     return fetch._Reads(cast(StorageEngine, storage), parts, budget)
 
 
@@ -116,3 +124,33 @@ async def test_reads_still_under_way_keep_their_share_of_the_budget(
     assert total == len(storage.data[1])  # 1 answered; 0 and 2 still reading
     await asyncio.sleep(0)  # every read started has begun
     assert storage.started == [0, 1, 2, 3]  # 1's answer made room for one read, no more
+
+
+async def test_reads_ask_for_an_even_share_among_the_partitions_with_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each read asks for the fetch's budget shared evenly among the partitions with records
+    past their fetch offset (at most its partition_max_bytes, at least SHARE_FLOOR), so the
+    reads of a fetch cover the same stretch of the log (one GET per WAL object between them);
+    a partition at its end takes no share, and one alone with records asks for all it may."""
+    monkeypatch.setattr(fetch, "SHARE_FLOOR", 10)
+    storage = SlowStorage({p: batch(p, 1) for p in range(4)}, ends={1: 0, 3: 0})
+    for p in storage.gates:
+        storage.gates[p].set()
+    r = reads(storage, 4, 1200, partition_max=1000)
+    for i in range(4):
+        await r.result(i, 1200, False)
+    assert storage.asked[0] == storage.asked[2] == 600  # 1 and 3 at their end take no share
+
+    alone = SlowStorage({p: batch(p, 1) for p in range(4)}, ends={1: 0, 2: 0, 3: 0})
+    for p in alone.gates:
+        alone.gates[p].set()
+    await reads(alone, 4, 1200, partition_max=1000).result(0, 1200, False)
+    assert alone.asked[0] == 1000  # its partition_max_bytes: the others have nothing to read
+
+    floor = SlowStorage({p: batch(p, 1) for p in range(4)})
+    for p in floor.gates:
+        floor.gates[p].set()
+    monkeypatch.setattr(fetch, "SHARE_FLOOR", 500)
+    await reads(floor, 4, 1200, partition_max=1000).result(0, 1200, False)
+    assert floor.asked[0] == 500  # 1200 / 4 is below the floor

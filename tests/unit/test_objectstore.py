@@ -26,6 +26,7 @@ from s3stream.objectstore import (
     RetryableError,
     RetryingObjectStore,
     RetryPolicy,
+    get_parts,
     is_retriable,
     open_object_store,
     put_parts,
@@ -153,6 +154,23 @@ async def test_range_reads(store: ObjectStore) -> None:
     assert await store.get_range("obj", len(data) - 3, 100) == data[-3:]  # short at the end
     assert await store.get_range("obj", len(data), 10) == b""
     assert await store.get_range("obj", len(data) + 10, 10) == b""
+
+
+async def test_range_reads_in_parts(store: ObjectStore) -> None:
+    """get_parts (a range GET of several chunks, read chunk by chunk): the parts are the
+    consecutive slices of the range, each its own bytes; short, then empty, past the end."""
+    data = bytes(range(256)) * 64
+    await store.put("obj", data)
+    assert await get_parts(store, "obj", 100, [10, 0, 2000, 1]) == [
+        data[100:110], b"", data[110:2110], data[2110:2111]]
+    assert await get_parts(store, "obj", 0, [len(data)]) == [data]
+    end = len(data) - 5
+    assert await get_parts(store, "obj", end, [3, 10, 4]) == [data[end : end + 3], data[-2:], b""]
+    assert await get_parts(store, "obj", len(data) + 1, [4, 4]) == [b"", b""]
+    assert await get_parts(store, "obj", 7, []) == []
+    for lengths in ([1, 2], [0], []):
+        with pytest.raises(ObjectNotFoundError):
+            await get_parts(store, "missing", 0, lengths)
 
 
 async def test_missing_keys(store: ObjectStore) -> None:

@@ -229,3 +229,73 @@ async def test_one_read_fetches_whole_objects_only_within_its_share(tmp_path: Pa
         tmp_path, 40, 250, WalSettings(cache_max_bytes=16_000, readahead_bytes=0)
     )
     assert store.downloaded <= chunks + 4 * (16_000 // 16), store.downloaded  # was 112,000
+
+
+async def test_a_fetch_of_every_partition_at_once_gets_each_wal_object_once(
+    tmp_path: Path,
+) -> None:
+    """A consumer's fetch reads many partitions at once. Their reads are planned before any
+    of their GETs starts, and a WAL object holds each partition's chunk back to back: a read
+    that needs the chunk stored right after (or before) one a planned GET will bring widens
+    that GET instead of making its own. With a cache too small to fetch objects whole, the
+    four partitions' reads make one GET per WAL object between them (40 before: one per
+    partition and object), and no byte is downloaded twice."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    store = Downloads()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
+    reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
+    await reader.open(stream_rows, chunk_rows)
+    store.gets = store.downloaded = 0
+    got = await asyncio.gather(*(reader.read(s.stream_id, 0, 1 << 20) for s in stream_rows))
+    for s, chunks in zip(stream_rows, got, strict=True):
+        assert chunks == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
+    assert store.gets == 10, f"{store.gets} GETs for 10 WAL objects"
+    assert store.downloaded == sum(c.length for c in chunk_rows)
+    assert not reader._inflight and not reader._planned
+    await reader.close()
+    await meta.close()
+
+
+async def test_a_read_cancelled_before_its_gets_start_leaves_none_behind(
+    env: tuple[LogStore, GatedStore, int],
+) -> None:
+    """What must survive a fetch cancelled (its connection closed) right after its reads were
+    planned: the GETs it registered as coming, whose tasks never ran, are failed and
+    forgotten, so a later read of those chunks (or one that waited on them) reads them
+    itself instead of waiting forever."""
+    log, store, sid = env
+    store.gate.clear()  # a GET that starts waits here (and says so)
+    first = asyncio.ensure_future(log.read(sid, 0, 300))
+    joiner = asyncio.ensure_future(log._read(sid, 0, 300))  # will wait on first's GETs
+    await asyncio.sleep(0)  # both planned: the GETs registered, their tasks not run yet
+    assert log._inflight
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not store.waiting.is_set(), "a GET started: not the case under test"
+    assert not log._inflight and not log._planned
+    with pytest.raises(ReadRaceError):  # retriable: the layer above reads again
+        await asyncio.wait_for(joiner, 5)
+    store.gate.set()
+    got = await asyncio.wait_for(log.read(sid, 0, 300), 5)
+    assert got == [(i * 10, bytes([i]) * 100) for i in range(3)]
+
+
+async def test_a_wal_object_holds_its_streams_chunks_in_stream_order(tmp_path: Path) -> None:
+    """Appends arrive in any order; the WAL object lays the streams' chunks out by stream id
+    (a topic's partitions are consecutive streams), so the chunks of a fetch's partitions lie
+    back to back and one GET serves them all."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    streams = await meta.create_streams(4)
+    writer = LogStore(MemoryObjectStore(), meta, WalSettings(flush_interval_ms=1))
+    await writer.open(streams, [])
+    futs = [writer.append(s.stream_id, 5, 0, lambda base: b"x" * 100)[1]
+            for s in reversed(streams)]
+    await asyncio.gather(*futs)
+    await writer.close()
+    _, chunk_rows = await meta.load()
+    assert len({c.object_id for c in chunk_rows}) == 1
+    by_position = sorted(chunk_rows, key=lambda c: c.position)
+    assert [c.stream_id for c in by_position] == sorted(s.stream_id for s in streams)
+    await meta.close()
