@@ -56,12 +56,22 @@ def plan_brokers(
     if n < 1:
         raise ValueError("a cluster has at least one broker")
 
+    picked: set[int] = set()
+
     def port(offset: int) -> int:
         if base_port:
             return base_port + offset
         if pick_port is None:
             raise ValueError("base port 0 needs pick_port")
-        return pick_port()
+        # a free port is free until bound, and the system may hand the same one out twice in
+        # a row (broker 1's admin port and the registry's once were one: the registry failed
+        # to bind): each port of the plan is another
+        for _ in range(100):
+            p = pick_port()
+            if p not in picked:
+                picked.add(p)
+                return p
+        raise RuntimeError("no distinct free port after 100 picks")
 
     specs = []
     for i in range(n):

@@ -130,3 +130,14 @@ def test_the_rack_flag_is_the_broker_rack_setting(capsys: pytest.CaptureFixture[
     assert main(["broker", "--rack", "zone-b", "--print-settings"]) == 0
     assert any(line.split()[:4] == ["broker.rack", "=", "zone-b", "(flag;"]
                for line in capsys.readouterr().out.splitlines())
+
+
+def test_picked_ports_of_a_plan_are_all_distinct() -> None:
+    """With --base-port 0 every port is a free one picked at start; the system may hand the
+    same free port out twice in a row (it did: broker 1's admin port was the registry's, and
+    the registry failed to bind). A plan never uses one port twice."""
+    handed = iter([5001, 5001, 5002, 5002, 5002, 5003, 5001, 5004, 5005, 5006, 5007, 5008])
+    specs = plan_brokers(3, 0, Path("/tmp/cluster"), pick_port=lambda: next(handed))
+    ports = [int(a.rsplit(":", 1)[1]) for s in specs
+             for a in (s.listen, s.metrics, s.schema_registry) if a]
+    assert len(ports) == 7 and len(set(ports)) == 7, ports
