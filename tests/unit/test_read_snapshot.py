@@ -16,6 +16,7 @@ import pytest
 from s3stream.log import Chunk, ChunkData, LogStore, ReadRaceError, WalSettings, check_contiguous
 from s3stream.metadata import ChunkRow, SqliteMetadataStore
 from s3stream.objectstore import MemoryObjectStore
+from s3stream.readplan import pieces
 
 
 class GatedStore(MemoryObjectStore):
@@ -299,3 +300,13 @@ async def test_a_wal_object_holds_its_streams_chunks_in_stream_order(tmp_path: P
     by_position = sorted(chunk_rows, key=lambda c: c.position)
     assert [c.stream_id for c in by_position] == sorted(s.stream_id for s in streams)
     await meta.close()
+
+
+def test_a_gets_range_is_cut_at_its_chunks_and_the_gaps_between() -> None:
+    """What one GET's body is cut into (s3stream.readplan.pieces): each chunk once (a chunk
+    named twice, as the run's and as one of the whole object's, is one piece), in position
+    order, and the bytes between chunks (of chunks no longer live) as pieces of their own
+    that no read is given."""
+    assert pieces(24, 124, [(74, 50), (24, 30), (24, 30)]) == [(24, 30), (-1, 20), (74, 50)]
+    assert pieces(0, 10, [(2, 3)]) == [(-1, 2), (2, 3), (-1, 5)]
+    assert pieces(0, 10, []) == [(-1, 10)]
