@@ -259,8 +259,8 @@ class ReaderMixin(IndexMixin):
         none. The reads of a fetch of many partitions are planned one after the other before
         any of their GETs starts, and a WAL object holds a chunk of each partition back to
         back: they then make one GET per object between them, not one per partition and
-        object (moto spends ~5 ms of CPU on any GET, and a range of an object costs it as
-        much as reading the whole object; S3 bills per request)."""
+        object (moto spends ~5 ms of CPU on any GET, plus reading the whole object for a
+        range of it; S3 bills per request)."""
         for f in self._planned.get(c.object_id, ()):
             if c.position == f.hi and c.position + c.length - f.lo <= budget:
                 f.hi = c.position + c.length

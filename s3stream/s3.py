@@ -297,32 +297,32 @@ class S3ObjectStore:
         )
 
     # -- reads -----------------------------------------------------------------------------
-    def _read(self, key: str, byte_range: str | None) -> bytes:
+    def _body(self, key: str, byte_range: str | None) -> Any:
+        """The object's (or the range's) streaming body; None when the range starts at or
+        past the end (like a short read of a file). The caller reads and closes it."""
         kw: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": self._key(key)}
         if byte_range is not None:
             kw["Range"] = byte_range
         try:
-            resp = self._client.get_object(**kw)
+            return self._client.get_object(**kw)["Body"]
         except boto_errors.ClientError as e:
             if e.response.get("Error", {}).get("Code") == "InvalidRange":
-                return b""  # start at or past the end: like a short read of a file
+                return None
             raise
-        body = resp["Body"]
+
+    def _read(self, key: str, byte_range: str | None) -> bytes:
+        body = self._body(key, byte_range)
+        if body is None:
+            return b""
         try:
             return cast(bytes, body.read())
         finally:
             body.close()
 
     def _read_parts(self, key: str, start: int, lengths: Sequence[int]) -> list[bytes]:
-        byte_range = f"bytes={start}-{start + sum(lengths) - 1}"
-        kw: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": self._key(key)}
-        try:
-            resp = self._client.get_object(Range=byte_range, **kw)
-        except boto_errors.ClientError as e:
-            if e.response.get("Error", {}).get("Code") == "InvalidRange":
-                return [b"" for _ in lengths]  # start at or past the end (as _read)
-            raise
-        body = resp["Body"]
+        body = self._body(key, f"bytes={start}-{start + sum(lengths) - 1}")
+        if body is None:
+            return [b"" for _ in lengths]
         try:
             return [_read_exactly(body, n) for n in lengths]
         finally:
