@@ -6,6 +6,15 @@ end offset that COMMIT wrote, so the end-offset guard holds across brokers. A lo
 is detected through psycopg's `broken` flag and reported as MetadataUnavailableError; the store
 connects again on its next call. Connections use TCP keepalives and a connect timeout unless
 the URL sets its own (e.g. `?connect_timeout=10&keepalives_idle=30`).
+
+A broker stopped in the middle of a transaction (SIGSTOP, a pause of its host) keeps its
+connection and its row locks; every other broker's transaction on those rows would wait for it
+for as long as it stays stopped, heartbeats included. So each session ends a transaction left
+idle for IDLE_IN_TRANSACTION_S (PostgreSQL's idle_in_transaction_session_timeout, added to the
+URL's `options`; a URL that sets it keeps its own): the server closes that session, its locks
+go, and the stalled broker's next statement fails as a lost connection, its transaction rolled
+back. The bound is the default broker lease (broker.session.timeout.ms): by then the others
+already count a broker that silent as gone. Our transactions never wait on their client.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ CONNECT_DEFAULTS = {
     "keepalives_interval": "3",
     "keepalives_count": "3",
 }
+IDLE_IN_TRANSACTION_S = 2.0
+IDLE_SETTING = "idle_in_transaction_session_timeout"
 
 
 @functools.lru_cache(maxsize=512)
@@ -102,11 +113,15 @@ class PostgresBackend(Backend):
         self.url = url
         given = psycopg.conninfo.conninfo_to_dict(url)
         defaults = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
-        self._conninfo = psycopg.conninfo.make_conninfo(url, **defaults)
+        options = str(given.get("options", ""))
+        if IDLE_SETTING not in options:
+            bound = f"-c {IDLE_SETTING}={int(IDLE_IN_TRANSACTION_S * 1000)}"
+            defaults["options"] = f"{options} {bound}".strip()
+        self.conninfo = psycopg.conninfo.make_conninfo(url, **defaults)
 
     def connect(self) -> Connection:
         try:
-            conn = psycopg.connect(self._conninfo, autocommit=True)
+            conn = psycopg.connect(self.conninfo, autocommit=True)
         except psycopg.Error as e:
             raise MetadataUnavailableError(f"cannot connect to {self.describe()}: {e}") from e
         return PostgresConnection(conn)

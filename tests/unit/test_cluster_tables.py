@@ -4,6 +4,7 @@ moving, graceful leave, and a second process of one node id fencing the first.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -15,7 +16,7 @@ from broker.cluster.model import NO_LEADER, Leader, Snapshot
 from broker.metadata import KafkaMetadata
 from s3stream.metadata import open_metadata_store
 from s3stream.metadata.backend import Connection
-from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
+from s3stream.metadata.postgres import IDLE_IN_TRANSACTION_S
 
 T = TypeVar("T")
 NOW = 1_000_000
@@ -139,3 +140,34 @@ async def test_a_pin_moves_a_partition_keeps_it_there_and_is_cancelled(
     back = await beat(kafka, A, NOW + 2700)
     assert back.view.leaders[sid].node_id == 2
     assert await pin(None) is None and await txn(kafka, tables.pins) == []
+
+
+async def test_a_controller_stopped_inside_its_heartbeat_does_not_stop_the_others(
+    pg_url: str,
+) -> None:
+    """The controller paused (SIGSTOP) between its heartbeat's statements holds the controller
+    row's lock. On PostgreSQL the session is ended after IDLE_IN_TRANSACTION_S, so the other
+    broker's heartbeat goes through and takes over (before: it waited as long as the pause,
+    its own lease lapsing too: nobody led anything). SQLite cannot do this (README)."""
+    k = KafkaMetadata(open_metadata_store(pg_url))
+    await k.open()
+    try:
+        await k.create_topic("t", 4, {})
+        await txn(k, lambda db: tables.register(db, A, NOW))
+        await txn(k, lambda db: tables.register(db, B, NOW))
+        await txn(k, lambda db: tables.advertise(db, A, "h", 1))
+        await txn(k, lambda db: tables.advertise(db, B, "h", 2))
+        assert (await beat(k, A, NOW)).view.controller == 1
+        stalled = k.store.backend.connect()
+        try:
+            stalled.execute("BEGIN")  # A's next heartbeat, stopped half-way
+            tables.heartbeat(stalled, A, NOW + 100, k.store.for_update)
+            start = asyncio.get_running_loop().time()
+            taken = await asyncio.wait_for(beat(k, B, NOW + 2500), 30)
+            waited = asyncio.get_running_loop().time() - start
+        finally:
+            stalled.close()
+        assert taken.view.controller == 2 and led(taken) == {2: 4}
+        assert waited < IDLE_IN_TRANSACTION_S + 3, waited
+    finally:
+        await k.close()

@@ -10,18 +10,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from s3stream.metadata import (
     ChunkRow,
     CommitAttachment,
     MetadataError,
     MetadataStore,
+    MetadataUnavailableError,
     ObjectCommit,
     ObjectRow,
     OffsetConflictError,
     open_metadata_store,
 )
 from s3stream.metadata.backend import Connection
+from s3stream.metadata.postgres import IDLE_IN_TRANSACTION_S, PostgresBackend
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -319,3 +322,47 @@ def test_open_metadata_store_urls(tmp_path: Path) -> None:
     assert "hunter2" not in str(e.value)
     pg = open_metadata_store("postgresql://floe:hunter2@db.example:5433/floe")
     assert pg.backend.describe() == "postgresql://floe:***@db.example:5433/floe"
+
+
+async def test_a_stalled_writer_holding_a_lock_is_cut_off(pg_url: str) -> None:
+    """A broker stopped (SIGSTOP, a long GC pause) in the middle of a metadata transaction
+    keeps its connection open and its row locks held. Another broker's commit to the same
+    stream must not wait on it forever: PostgreSQL ends a session idle in a transaction for
+    longer than the store's bound, its locks go, and the stalled store learns on its next
+    statement that its transaction is gone (it committed nothing)."""
+    async with opened(pg_url) as a, opened(pg_url) as b:
+        (s,) = await a.create_streams(1)
+        stalled = a.backend.connect()
+        try:
+            stalled.execute("BEGIN")
+            stalled.execute("SELECT end_offset FROM streams WHERE stream_id = ? FOR UPDATE",
+                            (s.stream_id,))
+            start = asyncio.get_running_loop().time()
+            oid = await b.reserve_object_ids(1)
+            await asyncio.wait_for(
+                b.commit_object(oid, f"wal/{oid}", 1, [chunk(s.stream_id, 0, 4, oid)]), 30)
+            waited = asyncio.get_running_loop().time() - start
+            assert waited < IDLE_IN_TRANSACTION_S + 3, waited
+            with pytest.raises(MetadataUnavailableError):
+                stalled.execute("UPDATE streams SET end_offset = 99 WHERE stream_id = ?",
+                                (s.stream_id,))
+        finally:
+            stalled.close()
+        streams, _ = await a.load()
+        assert streams[0].end_offset == 5
+
+
+def test_postgres_sessions_bound_idle_transactions_unless_the_url_says() -> None:
+    def options(url: str) -> str:
+        backend = open_metadata_store(url).backend
+        assert isinstance(backend, PostgresBackend)
+        return str(conninfo_to_dict(backend.conninfo).get("options", ""))
+
+    bound = f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"
+    assert options("postgresql://u:p@h/db") == bound
+    # the URL's own options are kept, the bound added to them
+    assert options("postgresql://u:p@h/db?options=-c%20search_path%3Dfloe") == (
+        f"-c search_path=floe {bound}")
+    # a URL that sets the bound itself wins (0 turns it off)
+    assert options("postgresql://u:p@h/db?options=-c%20idle_in_transaction_session_timeout%3D0"
+                   ) == "-c idle_in_transaction_session_timeout=0"
