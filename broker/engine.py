@@ -311,6 +311,15 @@ class StorageEngine(Protocol):
         """(log start offset, high watermark)."""
         ...
 
+    def log_position(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[int, int] | None:
+        """Where in the shared log a read of `max_bytes` from `offset` would go to the object
+        store (the first and last WAL object ids of its chunks: they grow with write time);
+        None when it would not (answered from memory, a stream object, nothing to read, or
+        an engine without a shared log). Fetch keeps its partitions' reads together by it."""
+        ...
+
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> bytes:

@@ -184,6 +184,11 @@ class NullStorage(TopicTable):
         start, end = self._offsets[self.stream_id(topic, partition)]
         return start, end
 
+    def log_position(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[int, int] | None:
+        return None  # no shared log
+
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> bytes:

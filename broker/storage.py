@@ -416,6 +416,15 @@ class Storage(TopicTable):
         st = self.log.stream(self._served(topic, partition))
         return st.start_offset, st.end_offset
 
+    def log_position(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[int, int] | None:
+        try:
+            sid = self._served(topic, partition)
+        except KafkaError:
+            return None  # its read answers the error
+        return self.log.log_position(sid, offset, max_bytes)
+
     async def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
     ) -> bytes:

@@ -16,6 +16,7 @@ import asyncio
 import bisect
 import itertools
 import logging
+import time
 from typing import NamedTuple
 
 from s3stream.cache import ChunkCache
@@ -23,13 +24,14 @@ from s3stream.index import Chunk, IndexMixin
 from s3stream.objectstore import ObjectNotFoundError, ObjectStore, get_parts
 from s3stream.readplan import Fetch, Get, InFlight, pieces, span
 from s3stream.sharedreads import SharedReads
-from s3stream.wal import WalSettings
+from s3stream.wal import WAL_PREFIX, WalSettings
 
 log = logging.getLogger("s3stream.log")  # the name operators' log filters know
 
 READ_ATTEMPTS = 5  # a read that keeps racing chunk swaps gives up (retriable) after this many
 READ_CONCURRENCY = 8  # range GETs one read has in flight at once
 WHOLE_OBJECT_SHARE = 16  # objects up to cache/16 are fetched whole (see `_fetch`)
+READERS_WINDOW_S = 1.0  # streams read within this long share the read-ahead budget
 
 
 class ReadRaceError(Exception):
@@ -91,6 +93,10 @@ class ReaderMixin(IndexMixin):
         self._planned: dict[int, list[InFlight]] = {}
         self._ahead: dict[int, asyncio.Future[None]] = {}  # read-ahead under way, by stream
         self._ahead_bytes = 0
+        self._recent_reads: dict[int, float] = {}  # stream -> when last read (see _readers)
+        self._recent_pruned = 0.0
+        # read-aheads asked for in this turn of the event loop (see _read_ahead)
+        self._ahead_asked: dict[int, tuple[list[Chunk], int, int]] = {}
         # reads of one (stream, offset) made once; full ones kept for the fetch that comes back
         self.shared_reads: SharedReads[list[ChunkData]] = SharedReads(self.cache.max_bytes)
 
@@ -144,45 +150,106 @@ class ReaderMixin(IndexMixin):
             return []
         first = max(0, bisect.bisect_right(bases, offset) - 1)
         end = span(chunks, first, max_bytes)  # from the one holding offset to max_bytes
-        got = await self._fetch(chunks, first, end, max_bytes)
-        self._read_ahead(stream_id, chunks, end, max_bytes)
+        plan = self._begin(chunks, first, end, max_bytes)
+        try:
+            # planned before any GET starts, as the other reads of the same fetch: the GETs of
+            # the read-aheads of a fetch's partitions join too (see `_join`)
+            self._read_ahead(stream_id, chunks, end, max_bytes)
+        finally:
+            got = await self._finish(plan)
         return [
             ChunkData(c.base_offset, c.last_offset, got[(c.object_id, c.position)])
             for c in chunks[first:end]
         ]
 
-    def _read_ahead(self, stream_id: int, chunks: list[Chunk], start: int, want: int) -> None:
-        """Fetch, in the background, the chunks a reader that asked for `want` bytes will ask
-        for next (chunks[start:] of a snapshot, `want` bytes of them), so that its next read
-        finds them in the cache while it is still busy with this one. One read-ahead per
-        stream at a time; the bytes of all read-aheads in flight stay within a quarter of the
-        cache, and what they fetch goes into the cache like any read."""
-        if start >= len(chunks) or stream_id in self._ahead:
-            return
-        end = span(chunks, start, want)
-        todo = [
-            c for c in chunks[start:end]
+    def log_position(self, stream_id: int, offset: int, max_bytes: int) -> tuple[int, int] | None:
+        """Where in the log a read of `max_bytes` from `offset` would go to the object store:
+        the ids of the first and last WAL objects holding its chunks that are neither cached
+        nor coming; None when there are none (answered from memory or stream objects, or
+        nothing to read). WAL object ids grow with the time their records were written, and
+        a WAL object holds a chunk of each stream written then: reads of several streams at
+        the same place in the log share its GETs (`_join`)."""
+        st = self.streams.get(stream_id)
+        if st is None or not st.chunks or not st.start_offset <= offset < st.end_offset:
+            return None
+        chunks = st.chunks
+        first = max(0, bisect.bisect_right(st.bases, offset) - 1)
+        ids = [
+            c.object_id for c in chunks[first:span(chunks, first, max_bytes)]
             if (c.object_id, c.position) not in self._inflight
             and not self.cache.contains((c.object_id, c.position))
+            and self._is_wal(c.object_id)
         ]
-        size = sum(c.length for c in todo)
-        if not todo or self._ahead_bytes + size > self.cache.max_bytes // 4:
+        return (min(ids), max(ids)) if ids else None
+
+    def _is_wal(self, object_id: int) -> bool:
+        return self._object_keys.get(object_id, "").startswith(WAL_PREFIX)
+
+    def _read_ahead(self, stream_id: int, chunks: list[Chunk], start: int, want: int) -> None:
+        """Fetch, in the background, the chunks a reader that asked for `want` bytes will ask
+        for next (chunks[start:] of a snapshot), so that its next read finds them in the cache
+        while it is still busy with this one. One read-ahead per stream at a time; the bytes
+        of all read-aheads in flight stay within a quarter of the cache, and what they fetch
+        goes into the cache like any read.
+
+        Read-aheads asked for in one turn of the event loop (the reads of one fetch are
+        planned in one) are planned together at the start of the next, before any GET of
+        theirs or of those reads starts: in stream order, so that the chunks of consecutive
+        partitions stored back to back in a WAL object are one GET between them (`_join`),
+        and with the budget shared evenly by the streams read lately (each gets
+        min(want, budget / streams)): a fetch of many partitions reads ahead for every one of
+        them, not the first few in full while the others fall behind in the log."""
+        if start >= len(chunks) or stream_id in self._ahead:
             return
-        self._ahead_bytes += size
-        plan = self._begin(chunks, start, end, want)  # in flight now: see _begin
+        self._readers(stream_id)
+        if not self._ahead_asked:
+            asyncio.get_running_loop().call_soon(self._plan_read_aheads)
+        self._ahead_asked[stream_id] = (chunks, start, want)
 
-        async def run() -> None:
-            try:
-                await self._finish(plan)
-            except Exception as e:  # a reader that needs these chunks reads them itself
-                log.debug("read-ahead of stream %d failed: %r", stream_id, e)
-            finally:
-                self._ahead_bytes -= size
-                self._ahead.pop(stream_id, None)
+    def _plan_read_aheads(self) -> None:
+        asked, self._ahead_asked = self._ahead_asked, {}
+        budget = self.cache.max_bytes // 4
+        share = budget // max(self._readers(), 1)
+        for stream_id in sorted(asked):
+            chunks, start, want = asked[stream_id]
+            if stream_id in self._ahead or stream_id not in self.streams:
+                continue
+            end = span(chunks, start, min(want, share))
+            todo = [
+                c for c in chunks[start:end]
+                if (c.object_id, c.position) not in self._inflight
+                and not self.cache.contains((c.object_id, c.position))
+            ]
+            size = sum(c.length for c in todo)
+            if not todo or self._ahead_bytes + size > budget:
+                continue
+            self._ahead_bytes += size
+            plan = self._begin(chunks, start, end, want)  # in flight now: see _begin
+            self._ahead[stream_id] = asyncio.ensure_future(self._run_ahead(stream_id, plan, size))
 
-        self._ahead[stream_id] = asyncio.ensure_future(run())
+    async def _run_ahead(self, stream_id: int, plan: Fetch, size: int) -> None:
+        try:
+            await self._finish(plan)
+        except Exception as e:  # a reader that needs these chunks reads them itself
+            log.debug("read-ahead of stream %d failed: %r", stream_id, e)
+        finally:
+            self._ahead_bytes -= size
+            self._ahead.pop(stream_id, None)
+
+    def _readers(self, stream_id: int | None = None) -> int:
+        """How many streams were read in the last READERS_WINDOW_S (`stream_id`: one now)."""
+        now = time.monotonic()
+        recent = self._recent_reads
+        if stream_id is not None:
+            recent[stream_id] = now
+        if now - self._recent_pruned > READERS_WINDOW_S:
+            self._recent_pruned = now
+            for sid in [k for k, t in recent.items() if now - t > READERS_WINDOW_S]:
+                del recent[sid]
+        return len(recent)
 
     def cancel_read_ahead(self) -> None:
+        self._ahead_asked.clear()
         for task in self._ahead.values():
             task.cancel()
 

@@ -51,6 +51,8 @@ from s3stream.metadata import (
 from s3stream.objectstore import ObjectStore, put_parts
 from s3stream.stats import LogStats, attributed
 
+WAL_PREFIX = "wal/"  # WAL objects' keys: wal/<object id, 16 digits>
+
 log = logging.getLogger("s3stream.log")  # the name operators' log filters know
 
 
@@ -469,7 +471,7 @@ class WalMixin(IndexMixin):
         for sid, ps in sorted(groups.items()):
             data = ps[0].data if len(ps) == 1 else b"".join(p.data for p in ps)
             parts.append((sid, ps[0].base_offset, ps[-1].last_offset, data))
-        key = f"wal/{object_id:016d}"
+        key = f"{WAL_PREFIX}{object_id:016d}"
         # the object as parts, written without joining them where the store can (a local
         # directory: one writev); the per-stream bytes above are what the cache keeps
         blob, size, entries = walformat.encode_parts(object_id, parts)

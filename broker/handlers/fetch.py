@@ -39,6 +39,10 @@ SERVE_WITHIN_S = 0.25
 # a partition's read in a fetch of many asks for an even share of the fetch's bytes (among
 # those with records to read), at least this much: see _Reads
 SHARE_FLOOR = 1 << 20
+# a partition a little ahead of the others in the log reads this much (one batch) per fetch,
+# when at most this many WAL objects ahead: see _Reads._held_back
+HELD_BACK_BYTES = 1
+HOLD_WITHIN_OBJECTS = 64
 # how a partition of a fetch is served (a node id >= 0: sent to that preferred read replica)
 LEADER = -1  # this broker leads it (or an error is answered)
 REPLICA = -2  # another broker leads it: a read replica's read
@@ -210,21 +214,52 @@ class _Reads:
         self.limits: list[int] = []
         self.ahead = 0  # bytes the started reads not answered (yet) may bring
         self.began = time.monotonic()
-        self.share = max(budget // max(self._with_records(), 1), SHARE_FLOOR)
+        with_records = self._with_records()
+        self.share = max(budget // max(len(with_records), 1), SHARE_FLOOR)
+        self.held = self._held_back(with_records)
 
-    def _with_records(self) -> int:
-        """How many of the partitions this broker leads have records past the fetch offset."""
-        n = 0
-        for (topic, p), route in zip(self.parts, self.routes, strict=True):
+    def _with_records(self) -> list[int]:
+        """The partitions this broker leads that have records past the fetch offset."""
+        out = []
+        for i, ((topic, p), route) in enumerate(zip(self.parts, self.routes, strict=True)):
             if route == LEADER:
                 with contextlib.suppress(KafkaError):  # its read answers the error
-                    n += p.fetch_offset < self.storage.offsets(topic, p.partition)[1]
-        return n
+                    if p.fetch_offset < self.storage.offsets(topic, p.partition)[1]:
+                        out.append(i)
+        return out
+
+    def _held_back(self, with_records: list[int]) -> set[int]:
+        """The partitions whose reads would start in the log (WAL objects) past where the
+        read of the furthest-behind one ends: each reads one batch this time, the others
+        share the budget. A catch-up keeps its partitions at the same place in the log, so
+        their reads need the same WAL objects and share their GETs; drifted apart (each fetch
+        serves the reads done in time, each partition's share spans a different stretch),
+        they made a range GET per partition and object. Reads answered from memory (a tailing
+        partition's) or from stream objects are never held back, and a held-back partition
+        still gets a batch per fetch. Only drift is corrected: a partition more than
+        HOLD_WITHIN_OBJECTS WAL objects ahead (a flush makes one; 64 are 0.3 s of writes at a
+        low rate, 512 MiB at the most) is elsewhere in the log, not drifted, and reads its
+        share: a consumer replaying one topic from last week does not slow its reads of
+        another that is minutes behind."""
+        at: dict[int, tuple[int, int]] = {}
+        for i in with_records:
+            topic, p = self.parts[i]
+            want = min(p.partition_max_bytes, self.share)
+            pos = self.storage.log_position(topic, p.partition, p.fetch_offset, want)
+            if pos is not None:
+                at[i] = pos
+        if len(at) < 2:
+            return set()
+        reach = min(at.values())[1]  # the last WAL object of the furthest-behind read
+        return {i for i, (first, _last) in at.items()
+                if reach < first <= reach + HOLD_WITHIN_OBJECTS}
 
     def _start(self) -> None:
         i = len(self.tasks)
         topic, p = self.parts[i]
         limit = max(min(p.partition_max_bytes, self.budget, self.share), 0)
+        if i in self.held:
+            limit = min(limit, HELD_BACK_BYTES)
         read: Coroutine[object, object, RecordSet | ReplicaRead]
         if self.routes[i] == REPLICA:
             read = self.storage.replica_read(

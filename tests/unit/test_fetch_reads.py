@@ -36,15 +36,26 @@ class SlowStorage:
     (asked: the bytes each read asked for). Every partition has records from offset 0 to
     ends[p] (default 1)."""
 
-    def __init__(self, data: dict[int, bytes], ends: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        data: dict[int, bytes],
+        ends: dict[int, int] | None = None,
+        positions: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
         self.data = data
         self.ends = ends or {}
+        self.positions = positions or {}  # log_position: none unless given
         self.gates = {p: asyncio.Event() for p in data}
         self.started: list[int] = []
         self.asked: dict[int, int] = {}
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return 0, self.ends.get(partition, 1)
+
+    def log_position(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[int, int] | None:
+        return self.positions.get(partition)
 
     async def read_records(
         self, topic: str, partition: int, offset: int, max_bytes: int, must_return_one: bool
@@ -154,3 +165,30 @@ async def test_reads_ask_for_an_even_share_among_the_partitions_with_records(
     monkeypatch.setattr(fetch, "SHARE_FLOOR", 500)
     await reads(floor, 4, 1200, partition_max=1000).result(0, 1200, False)
     assert floor.asked[0] == 500  # 1200 / 4 is below the floor
+
+
+async def test_partitions_ahead_in_the_log_read_one_batch_until_the_others_catch_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition whose read would start in a WAL object past the last one the
+    furthest-behind partition's read needs reads one batch (HELD_BACK_BYTES) this fetch; the
+    others keep their even share. Partitions answered from memory (no position) are never
+    held back, nor are partitions whose reads overlap the furthest-behind one's, nor those
+    so far ahead that they are elsewhere in the log (a replay of one topic must not slow
+    the reads of another)."""
+    monkeypatch.setattr(fetch, "SHARE_FLOOR", 10)
+    far = 14 + fetch.HOLD_WITHIN_OBJECTS + 1  # elsewhere in the log, not drifted: not held
+    positions = {0: (10, 14), 1: (12, 16), 2: (15, 19), 4: (40, 44), 5: (far, far + 4)}
+    storage = SlowStorage({p: batch(p, 1) for p in range(6)}, positions=positions)  # 3: cached
+    for p in storage.gates:
+        storage.gates[p].set()
+    r = reads(storage, 6, 1200, partition_max=1000)
+    for i in range(6):
+        await r.result(i, 1200, False)
+    assert r.held == {2, 4}
+    assert storage.asked == {0: 200, 1: 200, 2: fetch.HELD_BACK_BYTES, 3: 200,
+                             4: fetch.HELD_BACK_BYTES, 5: 200}
+
+    # one partition with a position, or none: nothing to keep together
+    lone = SlowStorage({p: batch(p, 1) for p in range(2)}, positions={1: (40, 44)})
+    assert reads(lone, 2, 1000, partition_max=1000).held == set()

@@ -55,7 +55,9 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[LogStore, CountingStore, in
 
 
 async def settled(log: LogStore) -> None:
-    while log._ahead:
+    """Every read-ahead asked for has been planned (at the next turn of the loop) and done."""
+    while log._ahead or log._ahead_asked:
+        await asyncio.sleep(0)
         await asyncio.gather(*log._ahead.values(), return_exceptions=True)
 
 

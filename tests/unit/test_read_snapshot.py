@@ -310,3 +310,57 @@ def test_a_gets_range_is_cut_at_its_chunks_and_the_gaps_between() -> None:
     assert pieces(24, 124, [(74, 50), (24, 30), (24, 30)]) == [(24, 30), (-1, 20), (74, 50)]
     assert pieces(0, 10, [(2, 3)]) == [(-1, 2), (2, 3), (-1, 5)]
     assert pieces(0, 10, []) == [(-1, 10)]
+
+
+async def test_a_fetchs_read_aheads_share_the_budget_and_their_gets(tmp_path: Path) -> None:
+    """The reads of a fetch of every partition each read ahead, planned with the reads before
+    any GET starts: the read-ahead budget (a quarter of the cache) is shared evenly by the
+    streams read lately, so every partition's next chunks are cached for its next read (the
+    whole budget went to the first partitions, and the others fell behind in the log), and
+    the read-aheads' GETs join like the reads' (one per WAL object, not one per partition)."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    store = Downloads()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
+    # objects of 4,000 bytes are not fetched whole (a sixteenth is 2,000); the read-ahead
+    # budget, 8,000, is 2,000 (two chunks) for each of the four streams
+    reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
+    await reader.open(stream_rows, chunk_rows)
+    store.gets = store.downloaded = 0
+    got = await asyncio.gather(*(reader.read(s.stream_id, 0, 5_000) for s in stream_rows))
+    assert [len(chunks) for chunks in got] == [5] * 4
+    await asyncio.gather(*reader._ahead.values())
+    by_stream: dict[int, list[ChunkRow]] = {}
+    for c in chunk_rows:
+        by_stream.setdefault(c.stream_id, []).append(c)
+    for chunks in by_stream.values():
+        cached = [reader.cache.contains((c.object_id, c.position)) for c in chunks]
+        assert cached[5:] == [True, True, False, False, False], cached
+    assert store.gets == 7, f"{store.gets} GETs: 5 WAL objects read, 2 read ahead"
+    assert store.downloaded == 7 * 4_000
+    await reader.close()
+    await meta.close()
+
+
+async def test_log_position_names_the_wal_objects_a_read_would_get(tmp_path: Path) -> None:
+    """Fetch keeps its partitions together in the log by where their reads would go to the
+    store: the first and last WAL objects holding chunks of the read that are neither cached
+    nor coming; None when the read is answered from memory or reads stream objects only."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    store = Downloads()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
+    reader = LogStore(store, meta, WalSettings(cache_max_bytes=0, readahead_bytes=0))
+    await reader.open(stream_rows, chunk_rows)
+    sid = stream_rows[0].stream_id
+    oids = sorted({c.object_id for c in chunk_rows})
+    ours = [c for c in chunk_rows if c.stream_id == sid]
+    assert reader.log_position(sid, 0, 3_000) == (oids[0], oids[2])
+    assert reader.log_position(sid, 7, 1) == (oids[1], oids[1])  # the chunk holding offset 7
+    assert reader.log_position(sid, 50, 1_000) is None  # at the end: nothing to read
+    reader.cache.max_bytes = 1 << 20
+    reader.cache.put((ours[0].object_id, ours[0].position), b"x")
+    assert reader.log_position(sid, 0, 3_000) == (oids[1], oids[2])  # the cached one skipped
+    for c in ours[1:3]:
+        reader._object_keys[c.object_id] = "stream/elsewhere"  # as if stream objects
+    assert reader.log_position(sid, 0, 3_000) is None
+    await reader.close()
+    await meta.close()
