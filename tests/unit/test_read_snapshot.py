@@ -196,6 +196,20 @@ async def _read_every_stream_back(
     return store, sum(c.length for c in chunk_rows)
 
 
+async def _cold_reader(
+    tmp_path: Path, cache: int
+) -> tuple[SqliteMetadataStore, Downloads, Any, Any, LogStore]:
+    """Ten WAL objects of four streams (`_ten_wal_objects_of_four_streams`) and a reader with
+    nothing cached, its store's counts at zero: (meta, store, streams, chunks, reader)."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    store = Downloads()
+    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
+    reader = LogStore(store, meta, WalSettings(cache_max_bytes=cache, readahead_bytes=0))
+    await reader.open(stream_rows, chunk_rows)
+    store.gets = store.downloaded = 0
+    return meta, store, stream_rows, chunk_rows, reader
+
+
 async def test_a_catch_up_of_every_partition_gets_each_wal_object_once(tmp_path: Path) -> None:
     """A WAL object holds a chunk of every partition written in its flush; reading one
     partition's chunk fetches the whole (small) object, so reading every partition back costs
@@ -241,12 +255,7 @@ async def test_a_fetch_of_every_partition_at_once_gets_each_wal_object_once(
     that GET instead of making its own. With a cache too small to fetch objects whole, the
     four partitions' reads make one GET per WAL object between them (40 before: one per
     partition and object), and no byte is downloaded twice."""
-    meta = SqliteMetadataStore(tmp_path / "meta.db")
-    store = Downloads()
-    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
-    reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
-    await reader.open(stream_rows, chunk_rows)
-    store.gets = store.downloaded = 0
+    meta, store, stream_rows, chunk_rows, reader = await _cold_reader(tmp_path, 32_000)
     got = await asyncio.gather(*(reader.read(s.stream_id, 0, 1 << 20) for s in stream_rows))
     for s, chunks in zip(stream_rows, got, strict=True):
         assert chunks == [(b, bytes([s.stream_id, b]) * 500) for b in range(0, 50, 5)]
@@ -318,14 +327,9 @@ async def test_a_fetchs_read_aheads_share_the_budget_and_their_gets(tmp_path: Pa
     streams read lately, so every partition's next chunks are cached for its next read (the
     whole budget went to the first partitions, and the others fell behind in the log), and
     the read-aheads' GETs join like the reads' (one per WAL object, not one per partition)."""
-    meta = SqliteMetadataStore(tmp_path / "meta.db")
-    store = Downloads()
-    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
     # objects of 4,000 bytes are not fetched whole (a sixteenth is 2,000); the read-ahead
     # budget, 8,000, is 2,000 (two chunks) for each of the four streams
-    reader = LogStore(store, meta, WalSettings(cache_max_bytes=32_000, readahead_bytes=0))
-    await reader.open(stream_rows, chunk_rows)
-    store.gets = store.downloaded = 0
+    meta, store, stream_rows, chunk_rows, reader = await _cold_reader(tmp_path, 32_000)
     got = await asyncio.gather(*(reader.read(s.stream_id, 0, 5_000) for s in stream_rows))
     assert [len(chunks) for chunks in got] == [5] * 4
     await asyncio.gather(*reader._ahead.values())
@@ -345,11 +349,7 @@ async def test_log_position_names_the_wal_objects_a_read_would_get(tmp_path: Pat
     """Fetch keeps its partitions together in the log by where their reads would go to the
     store: the first and last WAL objects holding chunks of the read that are neither cached
     nor coming; None when the read is answered from memory or reads stream objects only."""
-    meta = SqliteMetadataStore(tmp_path / "meta.db")
-    store = Downloads()
-    stream_rows, chunk_rows = await _ten_wal_objects_of_four_streams(meta, store)
-    reader = LogStore(store, meta, WalSettings(cache_max_bytes=0, readahead_bytes=0))
-    await reader.open(stream_rows, chunk_rows)
+    meta, _store, stream_rows, chunk_rows, reader = await _cold_reader(tmp_path, 0)
     sid = stream_rows[0].stream_id
     oids = sorted({c.object_id for c in chunk_rows})
     ours = [c for c in chunk_rows if c.stream_id == sid]
