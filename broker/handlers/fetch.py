@@ -230,9 +230,10 @@ class _Reads:
 
     def _held_back(self, with_records: list[int]) -> set[int]:
         """The partitions whose reads would start in the log (WAL objects) past where the
-        read of the furthest-behind one ends: each reads one batch this time, the others
-        share the budget. A catch-up keeps its partitions at the same place in the log, so
-        their reads need the same WAL objects and share their GETs; drifted apart (each fetch
+        read of the furthest-behind one ends: each reads one batch this time
+        (HELD_BACK_BYTES), the others their even share as always. A catch-up keeps its
+        partitions at the same place in the log, so their reads need the same WAL objects
+        and share their GETs; drifted apart (each fetch
         serves the reads done in time, each partition's share spans a different stretch),
         they made a range GET per partition and object. Reads answered from memory (a tailing
         partition's) or from stream objects are never held back, and a held-back partition
