@@ -73,7 +73,7 @@ class LogStore(WalMixin, ReaderMixin):
         self.cache = ChunkCache(settings.cache_max_bytes)
         self._object_keys: dict[int, str] = {}
         # (position, length) of the live chunks of each object, every stream's: a read of one
-        # stream's chunk in a small WAL object fetches the whole object (see ReaderMixin._fetch)
+        # stream's chunk in a small WAL object fetches the whole object (see ReaderMixin._begin)
         self._object_chunks: dict[int, set[tuple[int, int]]] = {}
         self._init_wal()
         self._init_reader()

@@ -30,7 +30,7 @@ log = logging.getLogger("s3stream.log")  # the name operators' log filters know
 
 READ_ATTEMPTS = 5  # a read that keeps racing chunk swaps gives up (retriable) after this many
 READ_CONCURRENCY = 8  # range GETs one read has in flight at once
-WHOLE_OBJECT_SHARE = 16  # objects up to cache/16 are fetched whole (see `_fetch`)
+WHOLE_OBJECT_SHARE = 16  # objects up to cache/16 are fetched whole (see `_begin`)
 READERS_WINDOW_S = 1.0  # streams read within this long share the read-ahead budget
 
 
@@ -358,10 +358,10 @@ class ReaderMixin(IndexMixin):
             if self._inflight.get(k) is flight:
                 del self._inflight[k]
 
-    async def _fetch(
-        self, chunks: list[Chunk], first: int, end: int, want: int
-    ) -> dict[tuple[int, int], bytes]:
-        """The bytes of chunks[first:end] (of a snapshot), by (object id, position): from the
+    def _begin(self, chunks: list[Chunk], first: int, end: int, want: int) -> Fetch:
+        """The plan of a fetch of chunks[first:end] (of a snapshot), its GETs registered as in
+        flight at once (synchronously, so a read planned right after this one waits for them);
+        `_finish` must follow and returns their bytes by (object id, position): from the
         cache, from a GET already in flight (another read's, or a read-ahead's), else by
         range GETs, each covering a run of chunks stored back to back in one object, up to
         READ_CONCURRENCY of them at once (a catch-up read of WAL chunks needs one GET per
@@ -382,11 +382,6 @@ class ReaderMixin(IndexMixin):
         (each under a sixteenth) brought 100x its bytes, evicted before the other
         partitions' reads came (an object of 2 MiB downloaded 85 times in one catch-up).
         Everything fetched is cached, so the next read finds it."""
-        return await self._finish(self._begin(chunks, first, end, want))
-
-    def _begin(self, chunks: list[Chunk], first: int, end: int, want: int) -> Fetch:
-        """The plan of `_fetch`, its GETs registered as in flight at once (synchronously, so
-        a read planned right after this one waits for them); `_finish` must follow."""
         got: dict[tuple[int, int], bytes] = {}
         budget = self._budget(want)
         runs, waits = self._plan(chunks, first, end, budget, got)

@@ -63,8 +63,8 @@ class Get(NamedTuple):
 
 
 class Fetch(NamedTuple):
-    """A planned `_fetch`: what the cache had, the GETs to make, the GETs in flight to await
-    (chunk key, flight)."""
+    """A planned fetch (s3stream.reader `_begin`): what the cache had, the GETs to make, the
+    GETs in flight to await (chunk key, flight)."""
 
     got: dict[tuple[int, int], bytes]
     gets: list[Get]
