@@ -176,11 +176,14 @@ class ReaderMixin(IndexMixin):
         first = max(0, bisect.bisect_right(st.bases, offset) - 1)
         ids = [
             c.object_id for c in chunks[first:span(chunks, first, max_bytes)]
-            if (c.object_id, c.position) not in self._inflight
-            and not self.cache.contains((c.object_id, c.position))
+            if not self._cached_or_coming((c.object_id, c.position))
             and self._is_wal(c.object_id)
         ]
         return (min(ids), max(ids)) if ids else None
+
+    def _cached_or_coming(self, key: tuple[int, int]) -> bool:
+        """Whether the chunk is in the cache or a GET in flight will bring it."""
+        return key in self._inflight or self.cache.contains(key)
 
     def _is_wal(self, object_id: int) -> bool:
         return self._object_keys.get(object_id, "").startswith(WAL_PREFIX)
@@ -217,8 +220,7 @@ class ReaderMixin(IndexMixin):
             end = span(chunks, start, min(want, share))
             todo = [
                 c for c in chunks[start:end]
-                if (c.object_id, c.position) not in self._inflight
-                and not self.cache.contains((c.object_id, c.position))
+                if not self._cached_or_coming((c.object_id, c.position))
             ]
             size = sum(c.length for c in todo)
             if not todo or self._ahead_bytes + size > budget:
@@ -311,11 +313,7 @@ class ReaderMixin(IndexMixin):
         if runs and missed == end - 1:  # read ahead over what is stored after the last run
             for c in chunks[end:]:
                 key = (c.object_id, c.position)
-                if (
-                    key in self._inflight
-                    or self.cache.contains(key)
-                    or not self._extends(runs[-1], c, budget)
-                ):
+                if self._cached_or_coming(key) or not self._extends(runs[-1], c, budget):
                     break
                 runs[-1].append(c)
         return runs, waits
@@ -412,9 +410,7 @@ class ReaderMixin(IndexMixin):
     def _untouched(self, oid: int, chunks: set[tuple[int, int]]) -> bool:
         """Whether none of these chunks of the object is cached or coming (then fetching it
         whole would download some of them twice)."""
-        return not any(
-            (oid, p) in self._inflight or self.cache.contains((oid, p)) for p, _ in chunks
-        )
+        return not any(self._cached_or_coming((oid, p)) for p, _ in chunks)
 
     async def _finish(self, plan: Fetch) -> dict[tuple[int, int], bytes]:
         got = plan.got
