@@ -157,6 +157,10 @@ class ReaderMixin(IndexMixin):
             self._read_ahead(stream_id, chunks, end, max_bytes)
         finally:
             got = await self._finish(plan)
+        # served: evicted first if fetched from the store (`ChunkCache.served`); not the last
+        # chunk, which the next read starts in when the response ends inside it
+        for c in chunks[first:end - 1]:
+            self.cache.served((c.object_id, c.position))
         return [
             ChunkData(c.base_offset, c.last_offset, got[(c.object_id, c.position)])
             for c in chunks[first:end]
@@ -433,7 +437,7 @@ class ReaderMixin(IndexMixin):
                 parts = {p: d for (p, _), d in zip(cuts, data, strict=True) if p >= 0}
                 flight.parts.set_result(parts)
                 for p, d in parts.items():
-                    self.cache.put((oid, p), d)
+                    self.cache.put((oid, p), d, fetched=True)
                 for c in g.run:
                     got[(oid, c.position)] = parts[c.position]
             finally:

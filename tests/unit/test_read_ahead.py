@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from s3stream.cache import ChunkCache
 from s3stream.log import Chunk, LogStore, WalSettings
 from s3stream.metadata import SqliteMetadataStore
 from s3stream.objectstore import MemoryObjectStore, ObjectNotFoundError
@@ -110,3 +111,56 @@ async def test_a_failed_get_fails_its_waiters_too(
     assert all(isinstance(r, ObjectNotFoundError) for r in results)
     assert [k for k, _, _ in store.gets].count("wal/0") == 1
     assert not log._inflight
+
+
+async def test_chunks_fetched_ahead_outlive_chunks_already_served(tmp_path: Path) -> None:
+    """A catch-up reads each chunk once: when the cache is full, the chunks its reads have
+    served go before the ones its read-aheads fetched for the next read (which then makes no
+    GET); the last chunk of a read stays (the next read starts in it if the response ended
+    inside it), and chunks the WAL put (the log's tail) keep their recency when read."""
+    meta = SqliteMetadataStore(tmp_path / "meta.db")
+    await meta.open()
+    store = CountingStore()
+    # read-ahead budget: a quarter of the cache, 200 bytes (two chunks; one each for two readers)
+    log = LogStore(store, meta, WalSettings(cache_max_bytes=800, readahead_bytes=0))
+    try:
+        streams = await meta.create_streams(2)
+        await log.open(streams, [])
+        a, b = (s.stream_id for s in streams)
+        for n, sid in enumerate((a, b)):
+            st = log.stream(sid)
+            for i in range(4):  # four chunks of 10 offsets and 100 bytes, each in its own object
+                oid = n * 10 + i
+                await store.put(f"wal/{oid}", bytes([oid]) * 100)
+                log._object_keys[oid] = f"wal/{oid}"
+                st.add_chunk(Chunk(i * 10, i * 10 + 9, oid, 0, 100, 0))
+            st.end_offset = st.next_offset = 40
+        await log.read_chunks(a, 0, 200)  # serves a0, a1; reads a2, a3 ahead
+        await settled(log)
+        await log.read_chunks(b, 0, 300)  # serves b0, b1, b2 (after a's read-ahead); b3 ahead
+        await settled(log)
+        assert log.cache.size == 800
+        for i in range(4):  # the tail: four chunks the WAL put
+            log.cache.put((100, i * 100), b"t" * 100)
+        store.gets.clear()
+        got = await log.read_chunks(a, 20, 200)
+        assert [c.data for c in got] == [b"\2" * 100, b"\3" * 100]
+        assert store.gets == []  # what a's read-ahead fetched was still cached
+        assert log.cache.contains((12, 0))  # b's last chunk served, kept
+        assert not any(log.cache.contains((10 + i, 0)) for i in range(2))  # served: evicted
+    finally:
+        await log.close()
+        await meta.close()
+
+
+def test_served_chunks_of_the_tail_keep_their_recency() -> None:
+    cache = ChunkCache(300)
+    cache.put((1, 0), b"w" * 100)  # the WAL's
+    cache.put((2, 0), b"f" * 100, fetched=True)  # a read's GET's
+    cache.put((3, 0), b"x" * 100)
+    cache.served((2, 0))
+    cache.served((1, 0))
+    cache.put((4, 0), b"y" * 100)  # one must go: the fetched chunk already served
+    assert [cache.contains((k, 0)) for k in (1, 2, 3, 4)] == [True, False, True, True]
+    cache.put((5, 0), b"z" * 100)  # then the least recently used
+    assert [cache.contains((k, 0)) for k in (1, 3, 4, 5)] == [False, True, True, True]
