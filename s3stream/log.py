@@ -70,7 +70,8 @@ class LogStore(WalMixin, ReaderMixin):
         self.meta = meta
         self.settings = settings
         self.streams: dict[int, Stream] = {}
-        self.cache = ChunkCache(settings.cache_max_bytes)
+        # the WAL's chunks (the tail) within half of it: see s3stream.cache
+        self.cache = ChunkCache(settings.cache_max_bytes, settings.cache_max_bytes // 2)
         self._object_keys: dict[int, str] = {}
         # (position, length) of the live chunks of each object, every stream's: a read of one
         # stream's chunk in a small WAL object fetches the whole object (see ReaderMixin._begin)

@@ -98,7 +98,8 @@ class ReaderMixin(IndexMixin):
         # read-aheads asked for in this turn of the event loop (see _read_ahead)
         self._ahead_asked: dict[int, tuple[list[Chunk], int, int]] = {}
         # reads of one (stream, offset) made once; full ones kept for the fetch that comes back
-        self.shared_reads: SharedReads[list[ChunkData]] = SharedReads(self.cache.max_bytes)
+        # within half the cache: what one fetch that comes back asks for (see sharedreads)
+        self.shared_reads: SharedReads[list[ChunkData]] = SharedReads(self.cache.max_bytes // 2)
 
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """(base offset, bytes) of `read_chunks`."""

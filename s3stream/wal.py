@@ -532,7 +532,7 @@ class WalMixin(IndexMixin):
             )
             st.end_offset = row.last_offset + 1
             st.commits.append((st.end_offset, time.time()))
-            self.cache.put((obj.object_id, row.position), data)
+            self.cache.put((obj.object_id, row.position), data, tail=True)
             wake_readers(st)
         for p in batch:
             if p.producer is not None and p.stream.stream_id in live and self.on_durable:

@@ -162,8 +162,8 @@ _DEFS = [
     ConfigDef(
         "cache.max.bytes",
         "long",
-        str(64 * 1024 * 1024),
-        "the chunk cache (recent writes, reads; read-ahead within a quarter of it)",
+        str(128 * 1024 * 1024),
+        "the chunk cache (recent writes within half of it, reads; read-ahead within a quarter)",
         nonneg,
     ),
     ConfigDef("cache.readahead.bytes", "long", str(4 * 1024 * 1024), check=nonneg),

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from s3stream.cache import ChunkCache
 from s3stream.log import Chunk, LogStore, WalSettings
 from s3stream.metadata import SqliteMetadataStore
 from s3stream.objectstore import MemoryObjectStore, ObjectNotFoundError
@@ -152,15 +151,3 @@ async def test_chunks_fetched_ahead_outlive_chunks_already_served(tmp_path: Path
         await log.close()
         await meta.close()
 
-
-def test_served_chunks_of_the_tail_keep_their_recency() -> None:
-    cache = ChunkCache(300)
-    cache.put((1, 0), b"w" * 100)  # the WAL's
-    cache.put((2, 0), b"f" * 100, fetched=True)  # a read's GET's
-    cache.put((3, 0), b"x" * 100)
-    cache.served((2, 0))
-    cache.served((1, 0))
-    cache.put((4, 0), b"y" * 100)  # one must go: the fetched chunk already served
-    assert [cache.contains((k, 0)) for k in (1, 2, 3, 4)] == [True, False, True, True]
-    cache.put((5, 0), b"z" * 100)  # then the least recently used
-    assert [cache.contains((k, 0)) for k in (1, 3, 4, 5)] == [False, True, True, True]

@@ -49,12 +49,12 @@ async def append(log: LogStore, sid: int, times: int) -> None:
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[tuple[LogStore, CountingStore, list[int]]]:
-    """Two streams, ten 1,000-byte chunks each (one WAL object per flush); a cache of 3,000
+    """Two streams, ten 1,000-byte chunks each (one WAL object per flush); a cache of 4,000
     bytes, so reading one whole stream evicts what another read brought."""
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
     store = CountingStore()
-    settings = WalSettings(flush_interval_ms=1, cache_max_bytes=3000, readahead_bytes=0)
+    settings = WalSettings(flush_interval_ms=1, cache_max_bytes=4000, readahead_bytes=0)
     writer = LogStore(store, meta, settings)
     await writer.open(await meta.create_streams(2), [])
     sids = list(writer.streams)
