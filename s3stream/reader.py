@@ -119,6 +119,7 @@ class ReaderMixin(IndexMixin):
             (stream_id, offset), max_bytes,
             lambda: self._read_contiguous(stream_id, offset, max_bytes), _size,
             lambda out: self._stopped_short(stream_id, out),
+            lambda out: out[-1].last_offset,
         )
 
     def _stopped_short(self, stream_id: int, out: list[ChunkData]) -> bool:

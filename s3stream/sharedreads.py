@@ -11,8 +11,12 @@ and a read that filled its `max_bytes` is kept (within a byte budget, least rece
 dropped first) for the fetch that comes back for it.
 
 Only reads that stopped at `max_bytes` are kept: one that stopped at the log's end would answer
-a later read with fewer records than the log then holds. What is kept is immutable (chunks of
-committed offsets); the caller checks the log start before using it (retention).
+a later read with fewer records than the log then holds. A kept read is dropped as soon as a
+read of the same stream starts past its offset and within what it holds, or right after it:
+the consumer got it and moved on (in a catch-up every read stops at its `max_bytes`, and
+keeping what was already sent held up to the whole budget for nothing). What is kept is
+immutable (chunks of committed offsets); the caller checks the log start before using it
+(retention).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class _Kept(NamedTuple, Generic[T]):
     max_bytes: int
     value: T
     size: int
+    last: int  # the last offset it holds
 
 
 class ReadStopped(Exception):
@@ -45,6 +50,7 @@ class SharedReads(Generic[T]):
         self.joined = 0  # reads answered by a read under way or kept (metrics, tests)
         self._running: dict[Key, tuple[int, asyncio.Future[T]]] = {}
         self._kept: OrderedDict[Key, _Kept[T]] = OrderedDict()
+        self._kept_offsets: dict[int, set[int]] = {}  # stream -> offsets of its kept reads
 
     async def read(
         self,
@@ -53,11 +59,13 @@ class SharedReads(Generic[T]):
         run: Callable[[], Awaitable[T]],
         size_of: Callable[[T], int],
         full: Callable[[T], bool],
+        last_of: Callable[[T], int],
     ) -> T:
         """`run()`'s result for `key`, or that of a read of `key` under way or kept that asked
         for at least `max_bytes` (it may hold more: callers cut to what they asked for).
         `full(result)`: the read stopped at `max_bytes`, not at the log's end (then it is
-        kept, `size_of(result)` bytes)."""
+        kept, `size_of(result)` bytes, holding offsets up to `last_of(result)`)."""
+        self._drop_passed(key)
         kept = self._kept.get(key)
         if kept is not None and kept.max_bytes >= max_bytes:
             self._kept.move_to_end(key)
@@ -86,17 +94,30 @@ class SharedReads(Generic[T]):
                 del self._running[key]
         future.set_result(value)
         if full(value):
-            self._keep(key, _Kept(max_bytes, value, size_of(value)))
+            self._keep(key, _Kept(max_bytes, value, size_of(value), last_of(value)))
         return value
+
+    def _drop_passed(self, key: Key) -> None:
+        """Drop the stream's kept reads that a read from `key`'s offset has moved past."""
+        stream, offset = key
+        for o in [o for o in self._kept_offsets.get(stream, ()) if o < offset]:
+            if self._kept[(stream, o)].last + 1 >= offset:
+                self._drop((stream, o))
+
+    def _drop(self, key: Key) -> None:
+        self.size -= self._kept.pop(key).size
+        offsets = self._kept_offsets[key[0]]
+        offsets.discard(key[1])
+        if not offsets:
+            del self._kept_offsets[key[0]]
 
     def _keep(self, key: Key, kept: _Kept[T]) -> None:
         if kept.size > self.max_bytes:
             return
-        old = self._kept.pop(key, None)
-        if old is not None:
-            self.size -= old.size
+        if key in self._kept:
+            self._drop(key)
         self._kept[key] = kept
+        self._kept_offsets.setdefault(key[0], set()).add(key[1])
         self.size += kept.size
         while self.size > self.max_bytes:
-            _, dropped = self._kept.popitem(last=False)
-            self.size -= dropped.size
+            self._drop(next(iter(self._kept)))

@@ -9,7 +9,7 @@ one that is cancelled still gets its records."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -158,12 +158,45 @@ async def test_kept_reads_stay_within_their_byte_budget() -> None:
         runs += 1
         return bytes(n)
 
-    for offset in range(3):  # 100 bytes each: the third drops the first (least recent)
-        await shared.read((1, offset), 100, lambda: run(100), len, lambda _: True)
+    def read(stream: int, n: int) -> Awaitable[bytes]:
+        return shared.read((stream, 0), 100, lambda: run(n), len, lambda _: True, lambda _: 9)
+
+    for stream in range(3):  # 100 bytes each: the third drops the first (least recent)
+        await read(stream, 100)
     assert shared.size == 200 and runs == 3
-    await shared.read((1, 2), 100, lambda: run(100), len, lambda _: True)
+    await read(2, 100)
     assert runs == 3  # kept
-    await shared.read((1, 0), 100, lambda: run(100), len, lambda _: True)
+    await read(0, 100)
     assert runs == 4  # dropped: read again
-    await shared.read((1, 9), 100, lambda: run(300), len, lambda _: True)
+    await read(9, 300)
     assert shared.size <= 250  # larger than the budget: never kept
+
+
+async def test_a_kept_read_goes_once_the_stream_is_read_past_it() -> None:
+    """A consumer that got a kept read's records asks next from its end (or from inside it,
+    when its response was cut): the kept read is not asked for again and goes. A read of the
+    stream elsewhere (another consumer, before it or beyond its end) leaves it."""
+    shared: SharedReads[tuple[int, int]] = SharedReads(max_bytes=1000)
+    runs: list[tuple[int, int]] = []
+
+    async def read(offset: int, last: int) -> tuple[int, int]:
+        async def run() -> tuple[int, int]:
+            runs.append((offset, last))
+            return offset, last
+
+        return await shared.read((1, offset), 10, run, lambda _: 10, lambda _: True,
+                                 lambda r: r[1])
+
+    await read(100, 199)  # kept
+    await read(50, 99)  # another consumer, before it: kept too
+    await read(300, 399)  # beyond its end: both stay
+    assert shared.size == 30
+    await read(100, 199)
+    assert len(runs) == 3  # answered by the kept read; 50's ends right before it: gone
+    assert sorted(shared._kept) == [(1, 100), (1, 300)]
+    await read(200, 299)  # right after 100's: it goes
+    assert len(runs) == 4 and sorted(shared._kept) == [(1, 200), (1, 300)]
+    await read(100, 199)
+    assert len(runs) == 5  # read again
+    await read(150, 249)  # inside 100's range: 100 goes
+    assert (1, 100) not in shared._kept and (1, 200) in shared._kept
