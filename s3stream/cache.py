@@ -80,6 +80,12 @@ class ChunkCache:
         if n is not None:
             self.tail_size -= n
 
+    def clear(self) -> None:
+        self._items.clear()
+        self._tail.clear()
+        self._fetched.clear()
+        self.size = self.tail_size = 0
+
     def served(self, key: tuple[int, int]) -> None:
         """A read has served this chunk: if it was fetched from the object store, it is the
         first to be evicted from now on (unless read again before that)."""

@@ -129,6 +129,7 @@ class LogStore(WalMixin, ReaderMixin):
 
     def drop_stream(self, stream_id: int) -> None:
         st = self.streams.pop(stream_id, None)
+        self._served.pop(stream_id, None)
         if st is not None:
             for c in st.chunks:
                 self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))

@@ -97,6 +97,8 @@ class ReaderMixin(IndexMixin):
         self._recent_pruned = 0.0
         # read-aheads asked for in this turn of the event loop (see _read_ahead)
         self._ahead_asked: dict[int, tuple[list[Chunk], int, int]] = {}
+        # the chunks each stream's last read served (see _read)
+        self._served: dict[int, list[tuple[int, int]]] = {}
         # reads of one (stream, offset) made once; full ones kept for the fetch that comes back
         # within half the cache: what one fetch that comes back asks for (see sharedreads)
         self.shared_reads: SharedReads[list[ChunkData]] = SharedReads(self.cache.max_bytes // 2)
@@ -152,6 +154,13 @@ class ReaderMixin(IndexMixin):
             return []
         first = max(0, bisect.bisect_right(bases, offset) - 1)
         end = span(chunks, first, max_bytes)  # from the one holding offset to max_bytes
+        # what the stream's last read served has been sent (its reader asks again only once
+        # it has the answer): evicted first if fetched from the store (`ChunkCache.served`).
+        # Not sooner: the answer still holds those bytes, and while it is being sent the
+        # cache shares them instead of holding other bytes beside them. Not the last chunk,
+        # which the next read starts in when the answer ended inside it.
+        for key in self._served.pop(stream_id, ()):
+            self.cache.served(key)
         plan = self._begin(chunks, first, end, max_bytes)
         try:
             # planned before any GET starts, as the other reads of the same fetch: the GETs of
@@ -159,10 +168,7 @@ class ReaderMixin(IndexMixin):
             self._read_ahead(stream_id, chunks, end, max_bytes)
         finally:
             got = await self._finish(plan)
-        # served: evicted first if fetched from the store (`ChunkCache.served`); not the last
-        # chunk, which the next read starts in when the response ends inside it
-        for c in chunks[first:end - 1]:
-            self.cache.served((c.object_id, c.position))
+        self._served[stream_id] = [(c.object_id, c.position) for c in chunks[first:end - 1]]
         return [
             ChunkData(c.base_offset, c.last_offset, got[(c.object_id, c.position)])
             for c in chunks[first:end]

@@ -114,9 +114,9 @@ async def test_a_failed_get_fails_its_waiters_too(
 
 async def test_chunks_fetched_ahead_outlive_chunks_already_served(tmp_path: Path) -> None:
     """A catch-up reads each chunk once: when the cache is full, the chunks its reads have
-    served go before the ones its read-aheads fetched for the next read (which then makes no
-    GET); the last chunk of a read stays (the next read starts in it if the response ended
-    inside it), and chunks the WAL put (the log's tail) keep their recency when read."""
+    served (and sent: the stream was read again) go before the ones its read-aheads fetched
+    for the next read (which then makes no GET); the last chunk of a read stays (the next
+    read starts in it if the response ended inside it)."""
     meta = SqliteMetadataStore(tmp_path / "meta.db")
     await meta.open()
     store = CountingStore()
@@ -139,6 +139,8 @@ async def test_chunks_fetched_ahead_outlive_chunks_already_served(tmp_path: Path
         await log.read_chunks(b, 0, 300)  # serves b0, b1, b2 (after a's read-ahead); b3 ahead
         await settled(log)
         assert log.cache.size == 800
+        # b's next read: what its last one served has been sent (b0, b1 go first from now on)
+        assert (await log.read_chunks(b, 30, 100))[0].data == b"\x0d" * 100
         for i in range(4):  # the tail: four chunks the WAL put
             log.cache.put((100, i * 100), b"t" * 100)
         store.gets.clear()

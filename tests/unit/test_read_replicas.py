@@ -106,8 +106,7 @@ async def test_a_replica_reloads_chunks_compaction_replaced(
     await compactor.run_once()
     await compactor.run_once()  # the GC deletes the WAL objects
     assert not before & {c.object_id for c in b1.log.stream(b1.stream_id("t", 0)).chunks}
-    b2.log.cache._items.clear()  # the replica's chunks are not in its cache any more
-    b2.log.cache.size = 0
+    b2.log.cache.clear()  # the replica's chunks are not in its cache any more
     loads = b2.replicas.refreshes
     assert await same(b1, b2, 5) == list(range(5, 20))  # read from the compacted object
     assert b2.replicas.refreshes > loads  # the old objects were gone: the rows read again
