@@ -14,13 +14,17 @@ route), 409 (refused: see tabletopic.ops) or 503 (the writer did not stop in tim
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from tabletopic.ops import OperationError, TableOps
-from tabletopic.replay import DlqReplay
+
+if TYPE_CHECKING:
+    from tabletopic.replay import DlqReplay
 
 log = logging.getLogger(__name__)
 Answer = tuple[int, dict[str, Any]]
@@ -42,7 +46,7 @@ def parse_from(text: str) -> dict[int, int]:
 class TableApi:
     def __init__(self, ops: TableOps) -> None:
         self.ops = ops
-        self.replay = DlqReplay(ops.storage, ops.catalog, None)
+        self.replay: DlqReplay | None = None  # made with the first replay (it loads pyarrow)
 
     async def handle(self, method: str, path: str, query: dict[str, str]) -> Answer:
         parts = path.strip("/").split("/")
@@ -96,6 +100,12 @@ class TableApi:
             if cfg.upsert:
                 raise OperationError(f"{topic} is an upsert table: replay-dlq appends rows and "
                                      "does not merge them by key yet")
+            if self.replay is None:
+                await asyncio.to_thread(importlib.import_module, "tabletopic.replay")
+                from tabletopic.replay import DlqReplay
+
+                if self.replay is None:  # the import awaited: another replay may have made it
+                    self.replay = DlqReplay(ops.storage, ops.catalog, None)
             self.replay.schemas = ops.tables.schemas
             return await self.replay.run(topic, cfg, q.get("dry_run") == "true",
                                          lambda: ops.held(topic, "replay-dlq"))

@@ -76,13 +76,15 @@ from pyiceberg.table.update import (
 )
 
 from s3stream.retry import RetryPolicy
-from tabletopic.contract import OFFSETS, offsets_of, snapshot_summary
+from tabletopic.contract import MAIN as MAIN  # importers take these from here too
+from tabletopic.contract import OFFSETS, snapshot_summary
 from tabletopic.contract import encode_offsets as encode_offsets  # tests import it from here
-from tabletopic.partitioning import Layout, sort_rows, stage_layout
+from tabletopic.contract import table_offsets as table_offsets
+from tabletopic.partitioning import Layout, stage_layout
+from tabletopic.rowsort import sort_rows
 from tabletopic.upsert import Upsert, stage_upsert
 
 log = logging.getLogger(__name__)
-MAIN = "main"
 
 
 class StaleOffsets(Exception):
@@ -92,10 +94,6 @@ class StaleOffsets(Exception):
 class UnexpectedUpdates(RuntimeError):
     """pyiceberg staged something other than what a floe commit consists of (a pyiceberg
     version this code was not made for): nothing was committed."""
-
-
-def table_offsets(table: Table) -> dict[int, int]:
-    return offsets_of(table.properties)
 
 
 @dataclass(frozen=True)

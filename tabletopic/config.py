@@ -19,6 +19,9 @@ from tabletopic.partitioning import (
 )
 
 OWNER = "tabletopic"
+# how old an unreferenced table file must be before the sweep deletes it: Iceberg's default;
+# the broker setting table.orphan.min.age.ms (tabletopic.orphans)
+ORPHAN_MIN_AGE_S = 3 * 24 * 3600.0
 PREFIX = "table.topic."
 ALIASES = {"automq.table.topic.": PREFIX}
 

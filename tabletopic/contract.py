@@ -15,10 +15,17 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from typing import Protocol
 
 TOPIC = "floe.topic"
 OFFSETS = "floe.offsets"
 COMMIT_ID = "floe.commit-id"
+MAIN = "main"  # the branch floe commits to
+
+
+class _Table(Protocol):
+    @property
+    def properties(self) -> Mapping[str, str]: ...
 
 
 def is_table_topic(properties: Mapping[str, str]) -> bool:
@@ -49,3 +56,8 @@ def snapshot_summary(topic: str, offsets: str) -> dict[str, str]:
 def table_properties(topic: str) -> dict[str, str]:
     """The floe properties a new table topic is created with."""
     return {TOPIC: topic}
+
+
+def table_offsets(table: _Table) -> dict[int, int]:
+    """The broker's position recorded in a loaded table (pyiceberg's Table)."""
+    return offsets_of(table.properties)

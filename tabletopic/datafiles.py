@@ -62,7 +62,8 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 
 from tabletopic.commit import COMMIT_RETRY, UnexpectedUpdates, covers
-from tabletopic.partitioning import SortBy, parse_sort_by, sort_rows
+from tabletopic.partitioning import SortBy, parse_sort_by
+from tabletopic.rowsort import sort_rows
 
 log = logging.getLogger(__name__)
 

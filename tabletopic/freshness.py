@@ -22,10 +22,12 @@ those this broker writes (leads); on a cluster each broker reports its own.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import KafkaError
-from tabletopic.writer import TableWriter
+
+if TYPE_CHECKING:
+    from tabletopic.writer import TableWriter
 
 
 def freshness(w: TableWriter) -> dict[str, Any]:

@@ -1,24 +1,29 @@
 """Runs a TableWriter for every topic with `table.topic.enable=true` (started and stopped as
-topics are created, altered and deleted)."""
+topics are created, altered and deleted).
+
+The writer's modules (pyarrow, Parquet, the converters: ~60 MiB of a broker's memory) are
+imported with the first table topic, in a thread (the event loop keeps serving meanwhile): a
+broker without table topics never loads them (tests/unit/test_lazy_imports.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import Catalog
 
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
 from broker.metadata.tablework import TableWork
-from tabletopic.config import TableTopicConfig
-from tabletopic.fileio import TABLE_IO
+from tabletopic.config import ORPHAN_MIN_AGE_S, TableTopicConfig
 from tabletopic.freshness import freshness
-from tabletopic.orphans import ORPHAN_MIN_AGE_S
-from tabletopic.schemaconvert import SchemaById
-from tabletopic.writer import TableWriter
+
+if TYPE_CHECKING:
+    from tabletopic.schemaconvert import SchemaById
+    from tabletopic.writer import TableWriter
 
 log = logging.getLogger(__name__)
 REQUEST_POLL_S = 0.1  # how soon a worker sees a commit request made on another broker
@@ -103,15 +108,20 @@ class TableTopics:
                     log.info("table topic %s: settings changed; restarting its writer", name)
                     await self._stop(name)
                 self.configs[name] = cfg
-        for name in wanted - set(self.writers):
-            assert self.work is not None, "TableTopics.work is set before run()"
-            writer = TableWriter(
-                name, self.storage, self.catalog, self.work, self.node_id,
-                self.orphan_min_age_s, self.schemas
-            )
-            writer.paused = self.pause_of(name)
-            task = asyncio.create_task(writer.run(), name=f"table-topic {name}")
-            self.writers[name] = (writer, task)
+        if wanted - set(self.writers):
+            # the first table topic loads the writer's modules (pyarrow, ...), off the loop
+            await asyncio.to_thread(importlib.import_module, "tabletopic.writer")
+            from tabletopic.writer import TableWriter
+
+            for name in wanted - set(self.writers):  # again: the import awaited
+                assert self.work is not None, "TableTopics.work is set before run()"
+                writer = TableWriter(
+                    name, self.storage, self.catalog, self.work, self.node_id,
+                    self.orphan_min_age_s, self.schemas
+                )
+                writer.paused = self.pause_of(name)
+                task = asyncio.create_task(writer.run(), name=f"table-topic {name}")
+                self.writers[name] = (writer, task)
         for name in set(self.writers) - wanted:
             await self._stop(name)
             if name not in self.storage.topics and self.work is not None:
@@ -167,5 +177,9 @@ class TableTopics:
             await asyncio.sleep(0.05)
 
     def status(self) -> list[dict[str, Any]]:
+        if not self.writers:
+            return []
+        from tabletopic.fileio import TABLE_IO  # loaded with the writers
+
         return [{**(st := w.status()), "freshness": freshness(w),
                  "costs": TABLE_IO.report(st["table"])} for w, _t in self.writers.values()]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,14 +41,26 @@ from pyiceberg.table.update import (
 
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
-from tabletopic.commit import MAIN, table_offsets
 from tabletopic.config import TableTopicConfig
-from tabletopic.contract import OFFSETS, encode_offsets, offsets_of, snapshot_summary
+from tabletopic.contract import (
+    MAIN,
+    OFFSETS,
+    encode_offsets,
+    offsets_of,
+    snapshot_summary,
+    table_offsets,
+)
 from tabletopic.lineage import OPERATION, lineage, locate
 from tabletopic.manager import TableTopics
-from tabletopic.rebuild import condition, guards, rebuild
 
 HOLD_TIMEOUT_S = 30.0  # how long an operation waits for the writer to stop (a commit in flight)
+
+
+
+async def _load_rebuild() -> None:
+    """Import tabletopic.rebuild off the event loop (the first time it loads pyarrow, which a
+    broker without table topics never needs); the caller then imports from it at no cost."""
+    await asyncio.to_thread(importlib.import_module, "tabletopic.rebuild")
 
 
 class OperationError(Exception):
@@ -154,6 +167,9 @@ class TableOps:
                 SetPropertiesUpdate(updates={OFFSETS: encode_offsets(target)}),
             )
             before = table_offsets(table)
+            await _load_rebuild()
+            from tabletopic.rebuild import guards
+
             await asyncio.to_thread(self.catalog.commit_table, table, tuple(guards(table)),
                                     updates)
         return {"topic": topic, "snapshot": snapshot_id, "offsets_before": before,
@@ -190,6 +206,9 @@ class TableOps:
                         f"nothing to rebuild from {o}"
                     )
             if not cfg.upsert:
+                await _load_rebuild()
+                from tabletopic.rebuild import rebuild
+
                 return await rebuild(self.storage, self.catalog, self.tables.schemas, topic,
                                      cfg, target, everything=frm is None)
             offsets = {**current, **target}
@@ -197,6 +216,8 @@ class TableOps:
         return {"topic": topic, "offsets_before": current, "offsets": offsets}
 
     def _rewind_sync(self, topic: str, table: Table, offsets: dict[int, int]) -> None:
+        from tabletopic.rebuild import condition, guards  # in a thread: it may load pyarrow
+
         encoded = encode_offsets(offsets)
         summary = {**snapshot_summary(topic, encoded), OPERATION: "rebuild"}
         tx = table.transaction()

@@ -40,7 +40,6 @@ from tabletopic.fileio import TABLE_IO
 log = logging.getLogger(__name__)
 
 WRITE_DATA_PATH = "write.data.path"  # Iceberg's table property for where data files go
-ORPHAN_MIN_AGE_S = 3 * 24 * 3600.0  # Iceberg's default; broker setting table.orphan.min.age.ms
 SCHEME_FAMILY = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "": "file"}
 
 

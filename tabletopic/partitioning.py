@@ -17,8 +17,8 @@ leaves the table's spec or order alone (floe does not undo a layout set by hand 
 
 Rows are written one file per partition value set (pyiceberg splits an append by the table's
 current spec; a null source value makes a null partition value, its own partition) and each
-file's rows are sorted by the sort order (`sort_rows`; pyiceberg keeps row order within a
-partition).
+file's rows are sorted by the sort order (`sort_rows` in tabletopic.rowsort; pyiceberg keeps
+row order within a partition).
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
@@ -230,33 +228,3 @@ def stage_layout(tx: Transaction, layout: Layout) -> bool:
         staged = True
     return staged
 
-
-def _column(table: pa.Table, name: str) -> pa.ChunkedArray | None:
-    parts = name.split(".")
-    if parts[0] not in table.column_names:
-        return None
-    col = table.column(parts[0])
-    for part in parts[1:]:
-        if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
-            return None
-        col = pc.struct_field(col, part)
-    return col
-
-
-def sort_rows(data: pa.Table, order: tuple[SortBy, ...]) -> pa.Table:
-    """`data` sorted by `order` (columns `data` lacks are skipped). Each key sorts first on
-    its null flag (nulls first or last per key), then on its value."""
-    keys: dict[str, pa.ChunkedArray] = {}
-    sort_keys: list[tuple[str, str]] = []
-    for i, s in enumerate(order):
-        col = _column(data, s.column)
-        if col is None:
-            continue
-        keys[f"n{i}"] = pc.is_null(col)
-        keys[f"v{i}"] = col
-        sort_keys += [(f"n{i}", "descending" if s.nulls_first else "ascending"),
-                      (f"v{i}", "descending" if s.descending else "ascending")]
-    if not sort_keys:
-        return data
-    indices = pc.sort_indices(pa.table(keys), sort_keys=sort_keys)
-    return data.take(indices)

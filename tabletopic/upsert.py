@@ -39,6 +39,8 @@ from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 from pyiceberg.table import Transaction
 from pyiceberg.types import IntegerType, LongType, StringType
 
+from tabletopic.rowsort import column
+
 log = logging.getLogger(__name__)
 ROW = "__floe_row"
 
@@ -47,18 +49,6 @@ ROW = "__floe_row"
 class Upsert:
     id_columns: tuple[str, ...]
     cdc_field: str = ""  # "": every row upserts
-
-
-def _column(data: pa.Table, name: str) -> pa.ChunkedArray | None:
-    parts = name.split(".")
-    if parts[0] not in data.column_names:
-        return None
-    col = data.column(parts[0])
-    for part in parts[1:]:
-        if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
-            return None
-        col = pc.struct_field(col, part)
-    return col
 
 
 @dataclass(frozen=True)
@@ -70,7 +60,7 @@ class Reduced:
 def latest_rows(data: pa.Table, upsert: Upsert) -> Reduced | None:
     """The batch reduced to one row per key (see the module docstring). None when the batch
     lacks an id column (it is appended as is; a warning says why)."""
-    cols = [_column(data, c) for c in upsert.id_columns]
+    cols = [column(data, c) for c in upsert.id_columns]
     present = [c for c in cols if c is not None]
     if not upsert.id_columns or len(present) != len(cols):
         log.warning("upsert: id.columns %s not all in the rows: appended as is",
@@ -80,7 +70,7 @@ def latest_rows(data: pa.Table, upsert: Upsert) -> Reduced | None:
     order = pa.table({"p": pc.struct_field(kafka, "partition"),
                       "o": pc.struct_field(kafka, "offset")})
     data = data.take(pc.sort_indices(order, sort_keys=[("p", "ascending"), ("o", "ascending")]))
-    keys = {f"k{i}": c for i, c in enumerate(_column(data, c) for c in upsert.id_columns)}
+    keys = {f"k{i}": c for i, c in enumerate(column(data, c) for c in upsert.id_columns)}
     table = pa.table({**keys, ROW: pa.array(range(data.num_rows), pa.int64())})
     has_key = pa.chunked_array(
         functools.reduce(pc.and_, [pc.is_valid(c) for c in keys.values()])
@@ -90,7 +80,7 @@ def latest_rows(data: pa.Table, upsert: Upsert) -> Reduced | None:
     key_values = list(zip(*(last.column(k).to_pylist() for k in keys), strict=True))
     keep = pc.or_(pc.is_in(table.column(ROW), value_set=latest), pc.invert(has_key))
     if upsert.cdc_field:
-        op = _column(data, upsert.cdc_field)
+        op = column(data, upsert.cdc_field)
         if op is not None:
             deleted = pc.fill_null(pc.equal(pc.utf8_upper(pc.cast(op, pa.string())), "D"), False)
             keep = pc.and_(keep, pc.invert(deleted))
@@ -141,7 +131,7 @@ def stage_upsert(
         scan = ArrowScan(meta, tx._table.io, meta.schema(), AlwaysTrue())
         for task in _candidates(tx, upsert, reduced.keys):
             old = scan.to_table([task])
-            cols = [_column(old, c) for c in upsert.id_columns]
+            cols = [column(old, c) for c in upsert.id_columns]
             if any(c is None for c in cols):
                 continue
             probe = pa.table({f"k{i}": c for i, c in enumerate(cols)})

@@ -42,7 +42,7 @@ from broker.protocol.recordcodec import Record
 from broker.protocol.records import BatchHeader
 from tabletopic.columnar import Columns, decode_columns
 from tabletopic.commit import StaleOffsets, covers, table_offsets
-from tabletopic.config import TableTopicConfig
+from tabletopic.config import ORPHAN_MIN_AGE_S, TableTopicConfig
 from tabletopic.contract import OFFSETS
 from tabletopic.contract import table_properties as floe_table_properties
 from tabletopic.convert import Converter, Invalid
@@ -50,7 +50,6 @@ from tabletopic.coordinator import WRITER_RETRY, Coordinator
 from tabletopic.datafiles import encode, evolve_schema, write_data_files
 from tabletopic.dlq import DeadLetters
 from tabletopic.keyconvert import KeyedConverter, ValueConverter, converter, schema_parts
-from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.schemaconvert import SchemaById
 from tabletopic.schemafetch import fetch_schemas
 from tabletopic.txnfilter import committed_batches

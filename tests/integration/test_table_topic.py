@@ -129,6 +129,34 @@ def test_fifty_thousand_json_records_land_exactly_once(tmp_path: Path) -> None:
         broker.stop()
 
 
+def arrow_loaded(broker: BrokerProcess) -> bool:
+    """Whether the broker process has mapped Arrow's library (pyarrow imported)."""
+    assert broker.proc is not None
+    return "libarrow" in Path(f"/proc/{broker.proc.pid}/maps").read_text()
+
+
+def test_arrow_is_loaded_with_the_first_table_topic_only(tmp_path: Path) -> None:
+    """A broker without table topics serves plain topics without pyarrow (its ~60 MiB);
+    the first table topic loads it, and its writer works: every acked record is a row."""
+    broker = start(tmp_path)
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("plain", 1, 1)])["plain"].result(10)
+        produce_json(broker.bootstrap, "plain", [doc(i) for i in range(100)], 1)
+        assert len(consume_all(broker.bootstrap, "plain", 1)) == 100
+        for page in ("/status", "/"):  # the status and the console list table topics
+            with urllib.request.urlopen(f"http://{broker.admin_address()}{page}", timeout=10):
+                pass
+        assert not arrow_loaded(broker), "pyarrow was loaded without a table topic"
+        create_table_topic(broker.bootstrap, "later", 1)
+        acked = produce_json(broker.bootstrap, "later", [doc(i) for i in range(100)], 1)
+        rows = wait_rows(tmp_path / "data", "later", 100, 30)
+        assert set(keys_of(rows)) == set(acked)
+        assert arrow_loaded(broker)
+    finally:
+        broker.stop()
+
+
 def test_sigkill_mid_stream_still_exactly_once(tmp_path: Path) -> None:
     broker = start(tmp_path)
     try:

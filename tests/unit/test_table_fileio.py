@@ -17,8 +17,8 @@ import pytest
 from broker.config import load_settings
 from tabletopic.catalog import open_catalog
 from tabletopic.commit import commit_offsets
+from tabletopic.config import ORPHAN_MIN_AGE_S
 from tabletopic.fileio import DurableFileIO
-from tabletopic.orphans import ORPHAN_MIN_AGE_S
 from tabletopic.warehouse import parse_warehouse
 
 SCHEMA = pa.schema([pa.field("offset", pa.int64())])
