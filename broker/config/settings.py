@@ -162,7 +162,7 @@ _DEFS = [
     ConfigDef(
         "cache.max.bytes",
         "long",
-        str(64 * 1024 * 1024),
+        str(128 * 1024 * 1024),
         "the chunk cache (recent writes within half of it, reads; read-ahead within a quarter)",
         nonneg,
     ),
