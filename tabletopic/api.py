@@ -14,13 +14,12 @@ route), 409 (refused: see tabletopic.ops) or 503 (the writer did not stop in tim
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
+from tabletopic import lazyload
 from tabletopic.ops import OperationError, TableOps
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ class TableApi:
                 raise OperationError(f"{topic} is an upsert table: replay-dlq appends rows and "
                                      "does not merge them by key yet")
             if self.replay is None:
-                await asyncio.to_thread(importlib.import_module, "tabletopic.replay")
+                await lazyload.load("tabletopic.replay")  # it loads pyarrow
                 from tabletopic.replay import DlqReplay
 
                 if self.replay is None:  # the import awaited: another replay may have made it

@@ -2,14 +2,13 @@
 topics are created, altered and deleted).
 
 The writer's modules (pyarrow, Parquet, the converters: ~60 MiB of a broker's memory) are
-imported with the first table topic, in a thread (the event loop keeps serving meanwhile): a
-broker without table topics never loads them (tests/unit/test_lazy_imports.py)."""
+imported with the first table topic (tabletopic.lazyload): a broker without table topics
+never loads them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from pyiceberg.catalog import Catalog
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
 from broker.metadata.tablework import TableWork
+from tabletopic import lazyload
 from tabletopic.config import ORPHAN_MIN_AGE_S, TableTopicConfig
 from tabletopic.freshness import freshness
 
@@ -110,7 +110,7 @@ class TableTopics:
                 self.configs[name] = cfg
         if wanted - set(self.writers):
             # the first table topic loads the writer's modules (pyarrow, ...), off the loop
-            await asyncio.to_thread(importlib.import_module, "tabletopic.writer")
+            await lazyload.load("tabletopic.writer")
             from tabletopic.writer import TableWriter
 
             for name in wanted - set(self.writers):  # again: the import awaited

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,6 +40,7 @@ from pyiceberg.table.update import (
 
 from broker.engine import StorageEngine
 from broker.metadata.tablestate import TableStates
+from tabletopic import lazyload
 from tabletopic.config import TableTopicConfig
 from tabletopic.contract import (
     MAIN,
@@ -58,9 +58,8 @@ HOLD_TIMEOUT_S = 30.0  # how long an operation waits for the writer to stop (a c
 
 
 async def _load_rebuild() -> None:
-    """Import tabletopic.rebuild off the event loop (the first time it loads pyarrow, which a
-    broker without table topics never needs); the caller then imports from it at no cost."""
-    await asyncio.to_thread(importlib.import_module, "tabletopic.rebuild")
+    """tabletopic.rebuild loads pyarrow, which a broker without table topics never needs."""
+    await lazyload.load("tabletopic.rebuild")
 
 
 class OperationError(Exception):

@@ -26,3 +26,28 @@ def test_the_writer_still_brings_arrow() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_the_first_load_freezes_what_it_imported() -> None:
+    """tabletopic.lazyload: the import runs in a thread and its objects are frozen (a full
+    collection on the event loop would walk them); a second load freezes nothing more."""
+    code = """
+import asyncio, gc, sys, threading
+import broker.app
+from tabletopic import lazyload
+
+threads = []
+real = lazyload.importlib.import_module
+def spy(name):
+    threads.append(threading.current_thread() is threading.main_thread())
+    return real(name)
+lazyload.importlib.import_module = spy
+before = gc.get_freeze_count()
+asyncio.run(lazyload.load("tabletopic.writer"))
+first = gc.get_freeze_count()
+asyncio.run(lazyload.load("tabletopic.writer"))
+print("pyarrow" in sys.modules, threads, first - before > 50_000, gc.get_freeze_count() == first)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.split() == ["True", "[False,", "False]", "True", "True"], out
