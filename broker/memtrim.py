@@ -36,7 +36,13 @@ MiB unpinned (6 runs), 444-452 at 512 KiB (3), 450-458 at 256 KiB (5), 511-516 a
 block mapped anew costs its page faults), 3.3-3.5 at 1 MiB. Later, with the WAL's memory
 bounded (s3stream/wal.py): pinned 139/181 MiB/s of produce (5.3/4.2 s/GiB) against 168/201
 (4.1/3.5) with MALLOC_MMAP_THRESHOLD_=32 MiB, 2 pairs; whole-run peak 423-424 MiB at 512
-KiB, 470-472 at 1 MiB. The price: up to ~15% of max-rate produce CPU.
+KiB, 470-472 at 1 MiB. The price: up to ~15% of max-rate produce CPU. Once a broker without
+table topics no longer imported pyarrow (~100 MiB less RSS), the pin went from 512 KiB to
+1 MiB. Max-rate produce, 15 s, 16 partitions, runs alternated: S3 (moto) 8.5/8.9 CPU s
+against 10.3/10.6 at 512 KiB for 80-96 MiB/s; the file store 3 pairs, 3.43/3.10/3.16 s/GiB
+(166/180/176 MiB/s, RSS 231-236 MiB) against 3.79/3.62/3.14 (160/170/194, RSS 256-286); the
+100-partition produce and warm read peaked at 386-415 MiB against 400-418; a full run at
+1 MiB peaked at 430 (benchmarks/README.md).
 
 `arrow_system_pool` makes pyarrow allocate with the same glibc malloc (unless
 ARROW_DEFAULT_MEMORY_POOL is set): its default, mimalloc, keeps what the table writers'
@@ -60,7 +66,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 ARENAS = 2
-MMAP_THRESHOLD = 512 * 1024
+MMAP_THRESHOLD = 1024 * 1024
 M_MMAP_THRESHOLD = -3  # mallopt parameters (malloc.h)
 M_ARENA_MAX = -8
 
