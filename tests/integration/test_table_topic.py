@@ -144,8 +144,11 @@ def test_arrow_is_loaded_with_the_first_table_topic_only(tmp_path: Path) -> None
         admin.create_topics([NewTopic("plain", 1, 1)])["plain"].result(10)
         produce_json(broker.bootstrap, "plain", [doc(i) for i in range(100)], 1)
         assert len(consume_all(broker.bootstrap, "plain", 1)) == 100
-        for page in ("/status", "/"):  # the status and the console list table topics
-            with urllib.request.urlopen(f"http://{broker.admin_address()}{page}", timeout=10):
+        metrics = broker.log().split("metrics on ", 1)[1].split()[0]
+        pages = [f"{broker.admin_address()}/status", f"{broker.admin_address()}/",
+                 f"{metrics}/metrics"]  # each lists table topics (none)
+        for page in pages:
+            with urllib.request.urlopen(f"http://{page}", timeout=10):
                 pass
         assert not arrow_loaded(broker), "pyarrow was loaded without a table topic"
         create_table_topic(broker.bootstrap, "later", 1)
