@@ -415,7 +415,9 @@ def test_compaction_while_a_live_broker_writes_the_table(spark_env: SparkEnv) ->
         assert set(got) == acked
         assert offsets_of(env, ident) == {0: 1000, 1: 1000}
         assert results[0]["rewritten_data_files"] >= 6
-        assert results[2]["snapshots_after"] <= results[2]["snapshots_before"]
+        # what the expiry itself did: the broker commits every 200 ms meanwhile, so the table
+        # may hold more snapshots after the call than before it (13 against 12, seen in CI)
+        assert results[2]["deleted_manifest_lists"] >= 1, results[2]
         assert "Traceback" not in broker.log(), broker.log()[-3000:]
         final = jobs.rewrite_data_files(env.spark, "default.live_events")
         assert final["data_files_after"] <= 2
