@@ -76,10 +76,7 @@ from pyiceberg.table.update import (
 )
 
 from s3stream.retry import RetryPolicy
-from tabletopic.contract import MAIN as MAIN  # importers take these from here too
-from tabletopic.contract import OFFSETS, snapshot_summary
-from tabletopic.contract import encode_offsets as encode_offsets  # tests import it from here
-from tabletopic.contract import table_offsets as table_offsets
+from tabletopic.contract import MAIN, OFFSETS, encode_offsets, snapshot_summary, table_offsets
 from tabletopic.partitioning import Layout, stage_layout
 from tabletopic.rowsort import sort_rows
 from tabletopic.upsert import Upsert, stage_upsert

@@ -63,17 +63,15 @@ from broker.metadata.tablework import FileSet, Outstanding, TableWork
 from s3stream.retry import RetryPolicy
 from tabletopic.commit import (
     COMMIT_RETRY,
-    MAIN,
     Prepared,
     StaleOffsets,
     check_updates,
     offsets_after,
     prepare,
     send,
-    table_offsets,
 )
 from tabletopic.config import TableTopicConfig
-from tabletopic.contract import OFFSETS, snapshot_summary
+from tabletopic.contract import MAIN, OFFSETS, snapshot_summary, table_offsets
 from tabletopic.datafiles import append_files, decode
 from tabletopic.orphans import remove_orphan_files
 from tabletopic.partitioning import stage_layout

@@ -30,9 +30,9 @@ from pyiceberg.table.update import (
 from broker.engine import StorageEngine
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
-from tabletopic.commit import MAIN, covers, table_offsets
+from tabletopic.commit import covers
 from tabletopic.config import TableTopicConfig
-from tabletopic.contract import encode_offsets, snapshot_summary
+from tabletopic.contract import MAIN, encode_offsets, snapshot_summary, table_offsets
 from tabletopic.dlq import DeadLetters
 from tabletopic.keyconvert import converter, schema_parts
 from tabletopic.lineage import OPERATION, REBUILT

@@ -38,9 +38,9 @@ from pyiceberg.table.update import (
 from broker.engine import StorageEngine
 from broker.protocol import records
 from broker.protocol.recordcodec import Record, decode_records
-from tabletopic.commit import covers, table_offsets
+from tabletopic.commit import covers
 from tabletopic.config import TableTopicConfig
-from tabletopic.contract import encode_offsets, snapshot_summary
+from tabletopic.contract import encode_offsets, snapshot_summary, table_offsets
 from tabletopic.dlq import SOURCE_OFFSET, SOURCE_PARTITION
 from tabletopic.keyconvert import converter, schema_parts
 from tabletopic.lineage import DLQ_OFFSETS, OPERATION

@@ -41,9 +41,9 @@ from broker.metadata.tablework import Answer, FileSet, TableWork
 from broker.protocol.recordcodec import Record
 from broker.protocol.records import BatchHeader
 from tabletopic.columnar import Columns, decode_columns
-from tabletopic.commit import StaleOffsets, covers, table_offsets
+from tabletopic.commit import StaleOffsets, covers
 from tabletopic.config import ORPHAN_MIN_AGE_S, TableTopicConfig
-from tabletopic.contract import OFFSETS
+from tabletopic.contract import table_offsets
 from tabletopic.contract import table_properties as floe_table_properties
 from tabletopic.convert import Converter, Invalid
 from tabletopic.coordinator import WRITER_RETRY, Coordinator
@@ -54,7 +54,7 @@ from tabletopic.schemaconvert import SchemaById
 from tabletopic.schemafetch import fetch_schemas
 from tabletopic.txnfilter import committed_batches
 
-__all__ = ["OFFSETS", "StaleOffsets", "TableWriter", "table_offsets"]
+__all__ = ["StaleOffsets", "TableWriter"]
 log = logging.getLogger(__name__)
 READ_BYTES = 4 << 20
 MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while file sets cannot be handed in

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tabletopic.catalog import open_catalog
-from tabletopic.commit import table_offsets
+from tabletopic.contract import table_offsets
 from tests.integration.test_cluster import cluster, leaders, node, wait_for
 from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 

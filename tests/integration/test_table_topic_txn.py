@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tabletopic.commit import table_offsets
+from tabletopic.contract import table_offsets
 from tests.integration.test_table_topic import catalog, create_table_topic, start, table_rows
 from tests.integration.test_transactions import txn_producer
 

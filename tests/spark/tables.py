@@ -12,7 +12,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from broker.protocol.recordcodec import Record
-from tabletopic.commit import commit_offsets, table_offsets
+from tabletopic.commit import commit_offsets
+from tabletopic.contract import table_offsets
 from tabletopic.convert import Converter
 
 Key = tuple[int, int]  # (_kafka.partition, _kafka.offset)

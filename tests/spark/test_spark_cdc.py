@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tabletopic.commit import table_offsets
+from tabletopic.contract import table_offsets
 from tests.brokerproc import BrokerProcess
 from tests.spark.conftest import SparkEnv
 

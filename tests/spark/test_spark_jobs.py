@@ -23,8 +23,7 @@ from spark_compaction import compact, jobs, sql
 from spark_compaction.names import TableRef
 from spark_compaction.policy import Thresholds
 from spark_compaction.tables import list_tables
-from tabletopic.commit import table_offsets
-from tabletopic.contract import OFFSETS
+from tabletopic.contract import OFFSETS, table_offsets
 from tests.spark.conftest import SparkEnv
 from tests.spark.tables import (
     broker_commit,

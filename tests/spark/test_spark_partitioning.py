@@ -16,7 +16,8 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType
 
-from tabletopic.commit import commit_offsets, table_offsets
+from tabletopic.commit import commit_offsets
+from tabletopic.contract import table_offsets
 from tabletopic.convert import KAFKA_TYPE
 from tabletopic.partitioning import Layout, parse_partition_by
 from tests.spark.conftest import SparkEnv

@@ -19,7 +19,7 @@ from s3stream.log import WalSettings
 from s3stream.metadata import SqliteMetadataStore
 from s3stream.objectstore import open_object_store
 from tabletopic.catalog import open_catalog
-from tabletopic.commit import table_offsets
+from tabletopic.contract import table_offsets
 from tabletopic.writer import TableWriter
 
 TOPIC = "ev"

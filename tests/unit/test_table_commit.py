@@ -34,10 +34,9 @@ from tabletopic.commit import (
     UnexpectedUpdates,
     check_updates,
     commit_offsets,
-    encode_offsets,
     prepare,
-    table_offsets,
 )
+from tabletopic.contract import encode_offsets, table_offsets
 from tabletopic.orphans import remove_orphan_files
 from tests.warehouses import Warehouse
 

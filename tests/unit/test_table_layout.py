@@ -16,8 +16,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from broker.config import ConfigError, TopicConfig
-from tabletopic.commit import commit_offsets, table_offsets
+from tabletopic.commit import commit_offsets
 from tabletopic.config import TableTopicConfig
+from tabletopic.contract import table_offsets
 from tabletopic.convert import KAFKA_TYPE
 from tabletopic.partitioning import (
     Layout,

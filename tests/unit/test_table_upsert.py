@@ -13,7 +13,8 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 
-from tabletopic.commit import commit_offsets, prepare, send, table_offsets
+from tabletopic.commit import commit_offsets, prepare, send
+from tabletopic.contract import table_offsets
 from tabletopic.convert import KAFKA_TYPE
 from tabletopic.partitioning import Layout, parse_partition_by
 from tabletopic.transformconvert import CDC_TYPE
