@@ -28,9 +28,10 @@ from broker.health import Health
 from broker.logcleaner import CleanerStats
 from broker.memtrim import (
     ARENAS,
+    ARROW_POOL,
     MMAP_THRESHOLD,
     MemoryTrimmer,
-    arrow_system_pool,
+    arrow_pool,
     fix_mmap_threshold,
     limit_arenas,
     malloc_trim,
@@ -253,13 +254,13 @@ def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     arenas, pinned = limit_arenas(), fix_mmap_threshold()  # before the worker threads
-    system_pool = arrow_system_pool()
+    chosen_pool = arrow_pool()
     log.info(
         "malloc: %s, %s; %s (broker/memtrim.py)",
         f"{ARENAS} arenas" if arenas else "arenas as glibc or MALLOC_ARENA_MAX decide",
         f"mmap threshold {MMAP_THRESHOLD} bytes" if pinned
         else "mmap threshold as glibc or MALLOC_MMAP_THRESHOLD_ decide",
-        "pyarrow allocates with it" if system_pool
+        f"pyarrow allocates with {ARROW_POOL}" if chosen_pool
         else "pyarrow's pool as it or ARROW_DEFAULT_MEMORY_POOL decide",
     )
     loop = asyncio.get_running_loop()

@@ -232,9 +232,9 @@ def _broker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from broker.memtrim import arrow_system_pool
+    from broker.memtrim import arrow_pool
 
-    arrow_system_pool()  # before pyarrow is imported (broker/memtrim.py)
+    arrow_pool()  # before pyarrow is imported (broker/memtrim.py)
     from broker.app import run_broker
     from s3stream.metadata import SchemaTooNewError
 

@@ -10,6 +10,8 @@ import gc
 import importlib
 import sys
 
+from broker.memtrim import check_arrow_pool
+
 
 async def load(module: str) -> None:
     """Import `module` in a thread, the event loop serving meanwhile; the caller then imports
@@ -22,6 +24,9 @@ async def load(module: str) -> None:
     cores, more). Objects frozen by the way are only ever freed by reference counting (a
     fixed amount: what existed at that moment)."""
     first = module not in sys.modules
+    arrow = "pyarrow" in sys.modules
     await asyncio.to_thread(importlib.import_module, module)
     if first:
         gc.freeze()
+    if not arrow and "pyarrow" in sys.modules:
+        check_arrow_pool()  # jemalloc as broker/memtrim.py chose, where this pyarrow has it

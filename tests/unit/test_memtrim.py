@@ -102,25 +102,54 @@ async def test_the_trimmer_runs_on_its_interval_off_the_event_loop() -> None:
     assert runs == trimmer.runs
 
 
+def _python(code: str, env: dict[str, str] | None = None) -> list[str]:
+    base = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True, env={**base, **(env or {})}).stdout.split()
+
+
 @pytest.mark.parametrize("env", ["", "mimalloc"])
 @pytest.mark.parametrize("imported", [False, True])
-def test_pyarrow_allocates_with_the_system_allocator(env: str, imported: bool) -> None:
-    """arrow_system_pool: pyarrow's default pool becomes malloc (what the table writers free
-    goes back with the rest), before pyarrow is imported for Arrow C++ too (the variable it
-    reads), unless the operator's ARROW_DEFAULT_MEMORY_POOL decides; a second call keeps
-    the first decision."""
+def test_pyarrow_allocates_with_jemalloc(env: str, imported: bool) -> None:
+    """arrow_pool: pyarrow's default pool becomes jemalloc, which gives freed pages back at
+    once (what the table writers free leaves the process), before pyarrow is imported for
+    Arrow C++ too (the variable it reads), unless the operator's ARROW_DEFAULT_MEMORY_POOL
+    decides; a second call keeps the first decision."""
     code = ("import os, sys\n"
             + ("import pyarrow\n" if imported else "")
-            + "from broker.memtrim import arrow_system_pool\n"
-            "took = arrow_system_pool(), arrow_system_pool()\n"
+            + "from broker.memtrim import arrow_pool\n"
+            "took = arrow_pool(), arrow_pool()\n"
             "import pyarrow as pa\n"
             "print(*took, pa.default_memory_pool().backend_name,"
             " os.environ.get('ARROW_DEFAULT_MEMORY_POOL', '-'))")
-    base = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    extra = {"ARROW_DEFAULT_MEMORY_POOL": env} if env else {}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True, env={**base, **extra}).stdout.split()
+    out = _python(code, {"ARROW_DEFAULT_MEMORY_POOL": env} if env else {})
     if env:
         assert out == ["False", "False", env, env], out
     else:
-        assert out == ["True", "True", "system", "-" if imported else "system"], out
+        assert out == ["True", "True", "jemalloc", "-" if imported else "jemalloc"], out
+
+
+def test_a_pyarrow_without_jemalloc_allocates_with_malloc() -> None:
+    """Where pyarrow has no jemalloc (Arrow C++ then keeps its own default, mimalloc),
+    check_arrow_pool makes pyarrow's default the system pool, not mimalloc."""
+    code = ("import pyarrow as pa\n"
+            "def none(): raise NotImplementedError('no jemalloc here')\n"
+            "pa.jemalloc_memory_pool = none\n"
+            "from broker.memtrim import arrow_pool\n"
+            "print(arrow_pool(), pa.default_memory_pool().backend_name)")
+    assert _python(code) == ["True", "system"]
+
+
+def test_the_lazy_import_of_pyarrow_checks_the_pool() -> None:
+    """tabletopic.lazyload, importing pyarrow for the first time, runs check_arrow_pool:
+    here Arrow C++ was told mimalloc after arrow_pool chose (as when jemalloc is missing),
+    and pyarrow still allocates with jemalloc."""
+    code = ("import asyncio, os\n"
+            "from broker.memtrim import arrow_pool\n"
+            "arrow_pool()\n"
+            "os.environ['ARROW_DEFAULT_MEMORY_POOL'] = 'mimalloc'\n"
+            "from tabletopic import lazyload\n"
+            "asyncio.run(lazyload.load('pyarrow'))\n"
+            "import pyarrow as pa\n"
+            "print(pa.default_memory_pool().backend_name)")
+    assert _python(code) == ["jemalloc"]
