@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from broker.protocol.recordcodec import Record
 from tabletopic.columnar import Columns
@@ -123,10 +124,11 @@ def kafka_column(partition: int, records: list[Record] | Columns) -> pa.StructAr
                 header_keys.append(k)
                 header_values.append(v)
             header_offsets.append(len(header_keys))
-    else:
-        header_offsets, header_keys, header_values = [0] * (n + 1), [], []
+        offsets = pa.array(header_offsets, pa.int32())
+    else:  # no record has headers (the usual case): every list empty
+        offsets, header_keys, header_values = _repeat(0, n + 1, pa.int32()), [], []
     headers = pa.ListArray.from_arrays(
-        pa.array(header_offsets, pa.int32()),
+        offsets,
         pa.StructArray.from_arrays(
             [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
             fields=list(HEADER_TYPE),
@@ -134,14 +136,20 @@ def kafka_column(partition: int, records: list[Record] | Columns) -> pa.StructAr
     )
     return pa.StructArray.from_arrays(
         [
-            pa.array([partition] * n, pa.int32()),
+            _repeat(partition, n, pa.int32()),
             pa.array(cols.offsets, pa.int64()),
-            pa.array([t * 1000 for t in cols.timestamps], pa.timestamp("us", tz="UTC")),
+            # ms -> us in Arrow; a timestamp whose us overflow 64 bits raises, as pa.array did
+            pc.multiply_checked(pa.array(cols.timestamps, pa.int64()), 1000).cast(
+                pa.timestamp("us", tz="UTC")),
             pa.array(cols.keys, pa.binary()),
             headers,
         ],
         fields=list(KAFKA_TYPE),
     )
+
+
+def _repeat(value: int, n: int, t: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, t), n)
 
 
 def align(array: pa.Array, t: pa.DataType) -> pa.Array:
@@ -300,8 +308,10 @@ class Converter:
         if decoder is None:
             return None
         decode, empty = decoder
-        try:
-            rows = [empty if v is None else decode(v) for v in cols.values]
+        values = cols.values
+        try:  # without tombstones (the usual case) a plain map: no test per value
+            rows = [empty if v is None else decode(v) for v in values] if None in values \
+                else list(map(decode, cast(list[bytes], values)))
         except _NOT_JSON:  # ValidationError too
             return None
         try:
