@@ -24,6 +24,7 @@ from tabletopic.convert import (
     Invalid,
     inexact,
     infer,
+    kafka_column,
     normalize,
     plain,
     unify,
@@ -130,6 +131,29 @@ def _old_kafka_column(partition: int, recs: list[Record]) -> pa.StructArray:
          pa.array([r.timestamp * 1000 for r in recs], pa.timestamp("us", tz="UTC")),
          pa.array([r.key for r in recs], pa.binary()), headers],
         fields=list(KAFKA_TYPE))
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_the_kafka_column_is_the_record_by_record_one(headers: bool) -> None:
+    """kafka_column (partition and empty header lists repeated in Arrow, ms -> us multiplied
+    there) gives what the record-by-record column gives: timestamps -1 (none), 0 and now,
+    keys and none, headers on some records or on none."""
+    hs: tuple[tuple[str, bytes | None], ...] = (("h", b"v"), ("n", None)) if headers else ()
+    recs = [Record(10 + i, ts, key, b"{}", hs if i % 2 else ())
+            for i, (ts, key) in enumerate([(-1, None), (0, b"k"), (1_700_000_000_123, b"")])]
+    for partition in (0, 7):
+        assert kafka_column(partition, recs).equals(_old_kafka_column(partition, recs))
+    assert kafka_column(3, []).equals(_old_kafka_column(3, []))
+
+
+def test_a_timestamp_beyond_64_bits_of_microseconds_raises() -> None:
+    """As pa.array did: the record's conversion raises (the writer then isolates it as a
+    dead letter, tabletopic.writer.convert_isolating), its microseconds never wrap around."""
+    rec = Record(0, 2**62, None, b"{}", ())
+    with pytest.raises((pa.ArrowInvalid, OverflowError)):
+        _old_kafka_column(0, [rec])
+    with pytest.raises(pa.ArrowInvalid):
+        kafka_column(0, [rec])
 
 
 class OldConverter(Converter):
