@@ -4,7 +4,11 @@ rows/s as in the full run (benchmarks.tablebench, `backlog_rows_s`), the rows th
 over time after the switch, and the broker's CPU seconds during the catch-up.
 
 `.venv/bin/python -m benchmarks.tablebacklog [--seconds 3] [--partitions 4] [--profile DIR]
-[--floe-root DIR] [--runs N] [--config KEY=VALUE]`
+[--floe-root DIR] [--runs N] [--config KEY=VALUE] [--cold]`
+
+As in the full run, where the steady table run comes first, another table topic is switched on
+before (the broker has loaded the table stack: pyarrow, ~0.3-0.5 s on 2 vCPUs); `--cold`
+leaves that out, the import then counts in the catch-up.
 
 With `--profile`, `py-spy record` samples the broker (its threads too) from the switch until
 the table holds every row: DIR/backlog.json (speedscope) and DIR/backlog.txt (top frames).
@@ -24,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.catchup import top_frames
+from benchmarks.drive import create_topic
 from benchmarks.procs import Processes
 from benchmarks.procstat import cpu_seconds
 from benchmarks.systems import FLOE_FILE, System
-from benchmarks.tablebench import TableRun, _backlog
+from benchmarks.tablebench import TABLE_CONFIGS, TableRun, _backlog, wait_for_table
 from benchmarks.workloads import TablePlan, table_plan
 
 
@@ -39,7 +44,8 @@ def _py_spy(pid: int, out: Path, fmt: str) -> subprocess.Popen[bytes]:
 
 
 def run(seconds: float, partitions: int, profile: Path | None,
-        floe_root: Path | None = None, configs: dict[str, str] | None = None) -> dict[str, Any]:
+        floe_root: Path | None = None, configs: dict[str, str] | None = None,
+        cold: bool = False) -> dict[str, Any]:
     quick = table_plan(True)
     plan = TablePlan(rate=quick.rate, duration=quick.duration, partitions=partitions,
                      size=quick.size, backlog_s=seconds, convert_rows=0)
@@ -55,6 +61,10 @@ def run(seconds: float, partitions: int, profile: Path | None,
         pid = system.proc.pid
         address = system.metrics_address
         assert address is not None
+        if not cold:  # the table stack loaded, as after the full run's steady table run
+            create_topic(system.bootstrap, "table-warm", 1, TABLE_CONFIGS)
+            if not wait_for_table(address, "table-warm"):
+                raise RuntimeError("the warm-up table topic's writer did not start")
 
         def switch() -> None:
             cpu.append(cpu_seconds(pid))
@@ -105,6 +115,8 @@ def main() -> int:
     ap.add_argument("--profile", help="directory for py-spy's profile and top frames")
     ap.add_argument("--floe-root", help="measure the broker of another checkout")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--cold", action="store_true",
+                    help="no table topic before: the table stack's import counts")
     ap.add_argument("--config", action="append", default=[],
                     help="KEY=VALUE: another topic config (e.g. table.topic.commit.interval.ms)")
     args = ap.parse_args()
@@ -112,7 +124,7 @@ def main() -> int:
     root = Path(args.floe_root).resolve() if args.floe_root else None
     for _ in range(args.runs):
         configs = dict(c.split("=", 1) for c in args.config)
-        out = run(args.seconds, args.partitions, prof, root, configs)
+        out = run(args.seconds, args.partitions, prof, root, configs, args.cold)
         print(json.dumps(out))
     if prof is not None and (prof / "backlog.txt").exists():
         print((prof / "backlog.txt").read_text())
