@@ -63,12 +63,15 @@ log = logging.getLogger("floe")
 T = TypeVar("T")
 
 
-# wal.max.inflight.flushes when not set: on S3 an upload takes tens of ms of waiting, so
-# several go at once; on a local directory every upload is the broker's own CPU and disk
-# (writes, two fsyncs), and at once they only got slower: fixed-1k-16p produce p99 63-84 ms
-# with 1, 108-119 with 2, 116-173 with 4; max-1k-16p 173-195 MiB/s with 1 against 171-180
-# with 4 (issue 17, runs alternated).
-INFLIGHT_FLUSHES_LOCAL, INFLIGHT_FLUSHES_REMOTE = 1, 4
+# wal.max.inflight.flushes when not set: on S3 an upload takes tens of ms of waiting, so two
+# go at once; on a local directory every upload is the broker's own CPU and disk (writes, two
+# fsyncs), and at once they only got slower: fixed-1k-16p produce p99 63-84 ms with 1, 108-119
+# with 2, 116-173 with 4; max-1k-16p 173-195 MiB/s with 1 against 171-180 with 4 (issue 17,
+# runs alternated). On moto (2 vCPUs, quiet): fixed 10 MiB/s produce p99 201/224/236 ms with
+# 4, 107/119/144 with 2, 76 with 1 (each upload slower the more go at once: 48 ms mean with
+# 4, 30 with 2, 21 with 1, and commits waiting their turn); max-rate 12 s produce 1.18/1.26M
+# records with 4, 1.21/1.12M with 2, 1.01/1.04M with 1.
+INFLIGHT_FLUSHES_LOCAL, INFLIGHT_FLUSHES_REMOTE = 1, 2
 
 
 def build_storage(settings: Settings) -> Storage:

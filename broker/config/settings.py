@@ -156,7 +156,7 @@ _DEFS = [
         "int",
         None,
         "WAL objects uploaded at once (committed one at a time, in order); at least 1"
-        " (default: 1 on a local directory, 4 on S3)",
+        " (default: 1 on a local directory, 2 on S3)",
         check_inflight_flushes,
     ),
     ConfigDef(

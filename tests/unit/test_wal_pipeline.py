@@ -429,7 +429,7 @@ async def test_room_returns_when_the_log_closes(small_env: Env) -> None:
 
 def test_inflight_flushes_default_by_object_store(tmp_path: Path) -> None:
     """Unset, wal.max.inflight.flushes is 1 on a local directory (its uploads are the broker's
-    own CPU and disk: in parallel they only got slower) and 4 on S3 (uploads wait on the
+    own CPU and disk: in parallel they only got slower) and 2 on S3 (uploads wait on the
     network); set, it is what was set, on either."""
     from broker.app import build_storage
 
@@ -440,6 +440,6 @@ def test_inflight_flushes_default_by_object_store(tmp_path: Path) -> None:
     s3 = {"object.store": "s3://bucket/log?endpoint=http://127.0.0.1:9&region=us-east-1"}
     assert inflight({}) == 1
     assert inflight({"object.store": (tmp_path / "objects").as_uri()}) == 1
-    assert inflight(s3) == 4
+    assert inflight(s3) == 2
     assert inflight({"wal.max.inflight.flushes": "3"}) == 3
-    assert inflight({**s3, "wal.max.inflight.flushes": "2"}) == 2
+    assert inflight({**s3, "wal.max.inflight.flushes": "4"}) == 4
