@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import logging
 import os
 import sys
 import time
@@ -71,6 +72,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+log = logging.getLogger(__name__)
 ARENAS = 2
 MMAP_THRESHOLD = 1024 * 1024
 M_MMAP_THRESHOLD = -3  # mallopt parameters (malloc.h)
@@ -140,6 +142,8 @@ def check_arrow_pool() -> str:
         try:
             pa.set_memory_pool(pa.jemalloc_memory_pool())
         except NotImplementedError:  # a build without jemalloc
+            log.warning("this pyarrow has no jemalloc: it allocates with malloc (Arrow C++'s"
+                        " own allocations with its default pool)")
             pa.set_memory_pool(pa.system_memory_pool())
     return str(pa.default_memory_pool().backend_name)
 
