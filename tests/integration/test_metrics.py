@@ -232,10 +232,10 @@ def test_memory_trim_interval_is_wired_into_the_broker(tmp_path: Path, interval_
 
 @pytest.mark.parametrize("env", [{}, {"MALLOC_MMAP_THRESHOLD_": "1048576"}])
 def test_the_broker_pins_the_malloc_mmap_threshold(tmp_path: Path, env: dict[str, str]) -> None:
-    """broker/memtrim.py's malloc settings (and pyarrow on the system allocator) are applied
+    """broker/memtrim.py's malloc settings (and pyarrow on jemalloc) are applied
     by the broker itself at start (the peak RSS, issue 17), and an operator's
     MALLOC_MMAP_THRESHOLD_ is left to decide."""
-    from broker.memtrim import MMAP_THRESHOLD
+    from broker.memtrim import ARROW_POOL, MMAP_THRESHOLD
     from tests.brokerproc import running_broker
 
     with running_broker(tmp_path / "d", **env) as b:
@@ -246,4 +246,4 @@ def test_the_broker_pins_the_malloc_mmap_threshold(tmp_path: Path, env: dict[str
         assert "mmap threshold as glibc or MALLOC_MMAP_THRESHOLD_ decide" in line, line
     else:
         assert f"mmap threshold {MMAP_THRESHOLD} bytes" in line, line
-        assert "pyarrow allocates with it" in line, line
+        assert f"pyarrow allocates with {ARROW_POOL}" in line, line
