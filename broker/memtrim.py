@@ -110,7 +110,7 @@ def fix_mmap_threshold(n: int = MMAP_THRESHOLD) -> bool:
 
 
 ARROW_POOL = "jemalloc"
-_arrow_pool: list[bool] = []  # what arrow_pool decided, once
+_arrow_pool: bool | None = None  # what arrow_pool decided, once
 
 
 def arrow_pool() -> bool:
@@ -121,31 +121,28 @@ def arrow_pool() -> bool:
     pool where this pyarrow has no jemalloc (Arrow C++ then keeps its own default and says
     so); afterwards only pyarrow's own default can change, not what C++ allocates by itself.
     The same call again keeps the first decision."""
-    if not _arrow_pool:
-        if "ARROW_DEFAULT_MEMORY_POOL" in os.environ:
-            _arrow_pool.append(False)
-        elif "pyarrow" not in sys.modules:
+    global _arrow_pool
+    if _arrow_pool is None:
+        _arrow_pool = "ARROW_DEFAULT_MEMORY_POOL" not in os.environ
+        if _arrow_pool and "pyarrow" not in sys.modules:
             os.environ["ARROW_DEFAULT_MEMORY_POOL"] = ARROW_POOL
-            _arrow_pool.append(True)
-        else:
-            _arrow_pool.append(True)
+        elif _arrow_pool:
             check_arrow_pool()
-    return _arrow_pool[0]
+    return _arrow_pool
 
 
-def check_arrow_pool() -> str:
-    """Once pyarrow is imported: where `arrow_pool` chose jemalloc and this pyarrow has none,
-    pyarrow's default becomes the system pool. Returns the backend pyarrow allocates with."""
+def check_arrow_pool() -> None:
+    """Once pyarrow is imported: where `arrow_pool` chose jemalloc and Arrow C++ did not take
+    it, pyarrow's default becomes jemalloc, or the system pool where this pyarrow has none."""
     import pyarrow as pa
 
-    if _arrow_pool and _arrow_pool[0] and pa.default_memory_pool().backend_name != ARROW_POOL:
+    if _arrow_pool and pa.default_memory_pool().backend_name != ARROW_POOL:
         try:
             pa.set_memory_pool(pa.jemalloc_memory_pool())
         except NotImplementedError:  # a build without jemalloc
             log.warning("this pyarrow has no jemalloc: it allocates with malloc (Arrow C++'s"
                         " own allocations with its default pool)")
             pa.set_memory_pool(pa.system_memory_pool())
-    return str(pa.default_memory_pool().backend_name)
 
 
 def malloc_trim() -> Callable[[], bool] | None:
