@@ -127,6 +127,26 @@ def _decode_compiled(out: Columns, data: bytes, h: BatchHeader, offset: int) -> 
         headers.append(tuple(hs) if hs else ())
 
 
+Body = tuple[bytes | memoryview, int, int, int, bool, int]
+
+
+def batch_bodies(data: bytes, batches: list[BatchHeader]) -> list[Body]:
+    """The records section of each non-control batch of `data`, uncompressed (by floe's
+    bounded `decompress`: CorruptBatchError if it is not valid), with what its records need
+    of the header: (body, base offset, base timestamp, max timestamp, log-append time,
+    record count), as tabletopic._batchjson.decode takes them."""
+    view = memoryview(data)
+    out: list[Body] = []
+    for h in batches:
+        if h.is_control:
+            continue
+        raw = view[h.position + HEADER_SIZE : h.position + h.size]
+        body = raw if h.compression == 0 else decompress(h.compression, raw)
+        out.append((body, h.base_offset, h.base_timestamp, h.max_timestamp, h.log_append_time,
+                    h.record_count))
+    return out
+
+
 def _decode_batch(out: Columns, data: bytes, h: BatchHeader, offset: int) -> None:
     """floe's own parser (broker.protocol.recordcodec): a batch aiokafka's refuses gets its
     records, or its CorruptBatchError, from there."""

@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.protocol.recordcodec import Record
-from tabletopic.columnar import Columns
+from broker.protocol.records import BatchHeader, CorruptBatchError
+from tabletopic import _batchjson
+from tabletopic.columnar import Columns, Headers, batch_bodies
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 KAFKA_TYPE = pa.struct(
@@ -115,11 +117,33 @@ def kafka_column(partition: int, records: list[Record] | Columns) -> pa.StructAr
     """The `_kafka` struct column, built from flat child arrays (no per-record dicts)."""
     cols = records if isinstance(records, Columns) else Columns.of(records)
     n = len(cols)
-    if any(cols.headers):
+    return _kafka_struct(partition, n, pa.array(cols.offsets, pa.int64()),
+                         pa.array(cols.timestamps, pa.int64()), pa.array(cols.keys, pa.binary()),
+                         _headers(cols.headers, n))
+
+
+def _kafka_struct(partition: int, n: int, offsets: pa.Array, timestamps_ms: pa.Array,
+                  keys: pa.Array, headers: pa.Array) -> pa.StructArray:
+    return pa.StructArray.from_arrays(
+        [
+            _repeat(partition, n, pa.int32()),
+            offsets,
+            # ms -> us in Arrow; a timestamp whose us overflow 64 bits raises, as pa.array did
+            pc.multiply_checked(timestamps_ms, 1000).cast(pa.timestamp("us", tz="UTC")),
+            keys,
+            headers,
+        ],
+        fields=list(KAFKA_TYPE),
+    )
+
+
+def _headers(all_headers: list[Headers], n: int) -> pa.Array:
+    """The headers of n records (`all_headers`: each record's; empty: none has any)."""
+    if any(all_headers):
         header_offsets = [0]
         header_keys: list[str] = []
         header_values: list[bytes | None] = []
-        for hs in cols.headers:
+        for hs in all_headers:
             for k, v in hs:
                 header_keys.append(k)
                 header_values.append(v)
@@ -127,25 +151,20 @@ def kafka_column(partition: int, records: list[Record] | Columns) -> pa.StructAr
         offsets = pa.array(header_offsets, pa.int32())
     else:  # no record has headers (the usual case): every list empty
         offsets, header_keys, header_values = _repeat(0, n + 1, pa.int32()), [], []
-    headers = pa.ListArray.from_arrays(
+    return pa.ListArray.from_arrays(
         offsets,
         pa.StructArray.from_arrays(
             [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
             fields=list(HEADER_TYPE),
         ),
     )
-    return pa.StructArray.from_arrays(
-        [
-            _repeat(partition, n, pa.int32()),
-            pa.array(cols.offsets, pa.int64()),
-            # ms -> us in Arrow; a timestamp whose us overflow 64 bits raises, as pa.array did
-            pc.multiply_checked(pa.array(cols.timestamps, pa.int64()), 1000).cast(
-                pa.timestamp("us", tz="UTC")),
-            pa.array(cols.keys, pa.binary()),
-            headers,
-        ],
-        fields=list(KAFKA_TYPE),
-    )
+
+
+def _from_buffers(t: pa.DataType, n: int, validity: bytes | None, nulls: int,
+                  *buffers: bytes) -> pa.Array:
+    return pa.Array.from_buffers(
+        t, n, [None if validity is None else pa.py_buffer(validity),
+               *(pa.py_buffer(b) for b in buffers)], null_count=nulls)
 
 
 def _repeat(value: int, n: int, t: pa.DataType) -> pa.Array:
@@ -208,6 +227,8 @@ def normalize(t: pa.DataType) -> pa.DataType | None:
 # what msgspec raises for a value that is not JSON (a string not UTF-8: UnicodeDecodeError)
 _NOT_JSON = (msgspec.DecodeError, UnicodeDecodeError)
 RowDecoder = tuple[Callable[[bytes], Any], Any]
+# the kinds of columns tabletopic._batchjson fills
+_NATIVE_KINDS = {pa.int64(): 0, pa.float64(): 1, pa.string(): 2, pa.bool_(): 3}
 _FLAT: dict[pa.DataType, Any] = {
     pa.int64(): int | None,
     pa.float64(): int | float | None,
@@ -289,6 +310,39 @@ class Converter:
         else:
             out = [kafka] + [pa.array(columns[f.name], type=f.type) for f in list(schema)[1:]]
         return pa.Table.from_arrays(out, schema=schema), invalid
+
+    def convert_batches(self, partition: int, data: bytes, batches: list[BatchHeader],
+                        offset: int) -> pa.Table | None:
+        """The table `convert_columns(partition, decode_columns(data, batches, offset))`
+        gives, when every record at or after `offset` has no header and a value that is
+        null or a JSON object of the table's columns, all longs, doubles, strings and
+        booleans (what `_json_typed` takes, and no more: tabletopic/_batchjson.c), read in C
+        without the GIL; None otherwise (then that path decides: rows, dead letters, new
+        columns, a corrupt batch). tests/unit/test_batchjson.py compares the two."""
+        if self.value_type != "json" or not self.fields \
+                or not all(t in _NATIVE_KINDS for t in self.fields.values()):
+            return None
+        try:
+            bodies = batch_bodies(data, batches)
+        except CorruptBatchError:
+            return None
+        names = tuple(k.encode() for k in self.fields)
+        kinds = tuple(_NATIVE_KINDS[t] for t in self.fields.values())
+        out = _batchjson.decode(bodies, offset, names, kinds)
+        if out is None or out[0] == 0:
+            return None
+        n, offsets, timestamps, key_valid, key_nulls, key_offsets, key_data, columns = out
+        try:
+            kafka = _kafka_struct(
+                partition, n, _from_buffers(pa.int64(), n, None, 0, offsets),
+                _from_buffers(pa.int64(), n, None, 0, timestamps),
+                _from_buffers(pa.binary(), n, key_valid, key_nulls, key_offsets, key_data),
+                _headers([], n))
+        except pa.ArrowInvalid:  # a timestamp whose us overflow: that path isolates it
+            return None
+        arrays = [_from_buffers(t, n, *column)
+                  for t, column in zip(self.fields.values(), columns, strict=True)]
+        return pa.Table.from_arrays([kafka, *arrays], schema=self.schema())
 
     def _json_typed(self, cols: Columns) -> dict[str, pa.Array] | None:
         """Fastest path, when the table's columns are all longs, doubles, strings and booleans

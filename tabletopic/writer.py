@@ -514,6 +514,9 @@ def _convert_columns(
     """Decode and convert one read (in a worker thread): the table, the dead letters and, with
     errors.tolerance=none, the first invalid record (the table then holds the rows before it,
     and there are no dead letters)."""
+    table = conv.convert_batches(partition, data, batches, offset)  # C, without the GIL
+    if table is not None:
+        return table, [], None
     cols = decode_columns(data, batches, offset)
     table, dead = convert_isolating(conv, partition, cols)
     if dead and stop_at_invalid:
