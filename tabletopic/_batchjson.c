@@ -42,7 +42,7 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-static int buf_grow(Buf *b, size_t more) {
+static int buf_reserve(Buf *b, size_t more) {
     if (more > SIZE_MAX - b->len) return NOMEM;
     size_t need = b->len + more;
     if (need <= b->cap) return OK;
@@ -58,8 +58,8 @@ static int buf_grow(Buf *b, size_t more) {
     return OK;
 }
 
-static int buf_put(Buf *b, const void *src, size_t n) {
-    if (buf_grow(b, n)) return NOMEM;
+static inline int buf_put(Buf *b, const void *src, size_t n) {
+    if (n > b->cap - b->len && buf_reserve(b, n)) return NOMEM;
     if (n) memcpy(b->p + b->len, src, n);
     b->len += n;
     return OK;
@@ -71,7 +71,7 @@ typedef struct {
     int64_t n, ones;
 } Bits;
 
-static int bits_push(Bits *m, int bit) {
+static inline int bits_push(Bits *m, int bit) {
     if (m->n % 8 == 0) {
         uint8_t zero = 0;
         if (buf_put(&m->b, &zero, 1)) return NOMEM;
@@ -85,7 +85,7 @@ static int bits_push(Bits *m, int bit) {
 }
 
 /* int32 offsets of a string/binary column: one more after each value */
-static int push_offset(Buf *offsets, size_t data_len) {
+static inline int push_offset(Buf *offsets, size_t data_len) {
     if (data_len > INT32_MAX) return REFUSE;
     int32_t o = (int32_t)data_len;
     return buf_put(offsets, &o, sizeof o);
@@ -250,6 +250,42 @@ static int parse_string(const uint8_t *s, size_t n, size_t *i, Buf *b) {
     }
 }
 
+/* The double of a decimal number (its text without the sign) when its digits and exponent
+ * are few enough for one correctly rounded IEEE operation to give it (Clinger's fast path:
+ * at most 15 significant digits, a power of ten up to 1e22, both exact doubles); 0 when not
+ * (strtod then). */
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                               1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                               1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+static int exact_double(const uint8_t *s, size_t n, double *out) {
+    uint64_t m = 0;
+    int sig = 0, exp10 = 0, frac = 0;
+    size_t i = 0;
+    for (; i < n; i++) {
+        uint8_t ch = s[i];
+        if (ch == '.') { frac = 1; continue; }
+        if (!is_digit(ch)) break;
+        if (m == 0 && ch == '0') { if (frac) exp10--; continue; } /* a leading zero */
+        if (++sig > 15) return 0;
+        m = m * 10 + (uint64_t)(ch - '0');
+        if (frac) exp10--;
+    }
+    if (i < n) { /* e or E, a sign, digits (the grammar was checked) */
+        i++;
+        int eneg = 0, e = 0;
+        if (s[i] == '+' || s[i] == '-') eneg = s[i++] == '-';
+        for (; i < n; i++) {
+            if (e > 1000) return 0;
+            e = e * 10 + (s[i] - '0');
+        }
+        exp10 += eneg ? -e : e;
+    }
+    if (m == 0) { *out = 0.0; return 1; }
+    if (exp10 < -22 || exp10 > 22) return 0;
+    *out = exp10 < 0 ? (double)m / POW10[-exp10] : (double)m * POW10[exp10];
+    return 1;
+}
+
 /* A JSON number at *i into a long (is_int) or a double. */
 static int parse_number(const uint8_t *s, size_t n, size_t *i, int *is_int, int64_t *lv,
                         double *dv) {
@@ -287,6 +323,8 @@ static int parse_number(const uint8_t *s, size_t n, size_t *i, int *is_int, int6
             if (u > (uint64_t)INT64_MAX) return REFUSE;
             *lv = (int64_t)u;
         }
+    } else if (exact_double(s + digits, p - digits, dv)) {
+        if (neg) *dv = -*dv;
     } else {
         char text[64];
         size_t len = p - start;
@@ -355,13 +393,19 @@ static int parse_field(const uint8_t *s, size_t n, size_t *i, Column *c) {
     }
 }
 
-static void skip_ws(const uint8_t *s, size_t n, size_t *i) {
+static inline void skip_ws(const uint8_t *s, size_t n, size_t *i) {
     while (*i < n && is_ws(s[*i])) (*i)++;
+}
+
+static inline int same(const char *name, const uint8_t *key, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if ((uint8_t)name[k] != key[k]) return 0;
+    return 1;
 }
 
 /* One record's value (a JSON object) as row `row` of the columns; NULL: a tombstone. */
 static int parse_row(Out *o, const uint8_t *s, size_t n, int64_t row) {
-    int rc;
+    int rc, guess = 0;
     if (s != NULL) {
         size_t i = 0;
         skip_ws(s, n, &i);
@@ -380,11 +424,12 @@ static int parse_row(Out *o, const uint8_t *s, size_t n, int64_t row) {
                 if (i >= n) return REFUSE;
                 size_t klen = i - k0;
                 i++;
-                Column *c = NULL;
+                Column *c = NULL; /* the column after the last one first: keys keep an order */
                 for (int k = 0; k < o->ncols; k++) {
-                    Column *x = &o->cols[k];
-                    if (x->name_len == klen && memcmp(x->name, s + k0, klen) == 0) {
+                    Column *x = &o->cols[(guess + k) % o->ncols];
+                    if (x->name_len == klen && same(x->name, s + k0, klen)) {
                         c = x;
+                        guess = (int)(x - o->cols) + 1;
                         break;
                     }
                 }
@@ -420,7 +465,12 @@ typedef struct {
     int log_append;
 } Batch;
 
-static int varlong(const uint8_t *p, size_t end, size_t *pos, int64_t *out) {
+static inline int varlong(const uint8_t *p, size_t end, size_t *pos, int64_t *out) {
+    if (*pos < end && p[*pos] < 0x80) { /* one byte: most fields */
+        uint64_t v = p[(*pos)++];
+        *out = (int64_t)((v >> 1) ^ (0 - (v & 1)));
+        return OK;
+    }
     uint64_t v = 0;
     for (int k = 0; k < 10; k++) {
         if (*pos >= end) return REFUSE;
@@ -436,7 +486,7 @@ static int varlong(const uint8_t *p, size_t end, size_t *pos, int64_t *out) {
 }
 
 /* a length or count field: -1 (null) up to what is left before `end` */
-static int length(const uint8_t *p, size_t end, size_t *pos, int64_t *out) {
+static inline int length(const uint8_t *p, size_t end, size_t *pos, int64_t *out) {
     if (varlong(p, end, pos, out)) return REFUSE;
     if (*out < -1 || *out > (int64_t)(end - *pos)) return REFUSE;
     return OK;
@@ -483,12 +533,57 @@ static int decode_batch(Out *o, const Batch *b, int64_t min_offset) {
 }
 
 /* -- to Python ------------------------------------------------------------------------- */
-static PyObject *bytes_of(const Buf *b) {
-    return PyBytes_FromStringAndSize((const char *)b->p, (Py_ssize_t)b->len);
+/* A buffer the decoder filled, handed to Python as it is (no copy): read-only through the
+ * buffer protocol, freed with the last reference (pyarrow's py_buffer keeps one). */
+typedef struct {
+    PyObject_HEAD
+    uint8_t *p;
+    Py_ssize_t len;
+} Block;
+
+static int block_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    Block *b = (Block *)self;
+    return PyBuffer_FillInfo(view, self, b->p, b->len, 1, flags);
+}
+
+static void block_dealloc(PyObject *self) {
+    free(((Block *)self)->p);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static Py_ssize_t block_length(PyObject *self) { return ((Block *)self)->len; }
+
+static PyBufferProcs block_as_buffer = {block_getbuffer, NULL};
+static PySequenceMethods block_as_sequence = {.sq_length = block_length};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tabletopic._batchjson.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = block_dealloc,
+    .tp_as_sequence = &block_as_sequence,
+    .tp_as_buffer = &block_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bytes the decoder wrote, read-only (the buffer protocol).",
+};
+
+/* b's bytes as a Block (b gives its memory up) */
+static PyObject *bytes_of(Buf *b) {
+    if (b->p == NULL && buf_reserve(b, 1)) return PyErr_NoMemory(); /* never a NULL buffer */
+    Block *out = PyObject_New(Block, &BlockType);
+    if (out == NULL) return NULL;
+    out->p = b->p;
+    out->len = (Py_ssize_t)b->len;
+    if (b->cap > b->len + b->len / 4 + 4096) { /* much unused: give it back */
+        uint8_t *q = realloc(b->p, b->len ? b->len : 1);
+        if (q != NULL) out->p = q;
+    }
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)out;
 }
 
 /* a validity bitmap, or None when every row is valid (as Arrow builds it then) */
-static PyObject *validity(const Bits *m) {
+static PyObject *validity(Bits *m) {
     if (m->ones == m->n) Py_RETURN_NONE;
     return bytes_of(&m->b);
 }
@@ -525,6 +620,25 @@ static void free_out(Out *o) {
         free(c->valid.b.p); free(c->data.p); free(c->bools.b.p); free(c->offsets.p);
     }
     free(o->cols);
+}
+
+static int presize(Out *o, size_t rows) {
+    size_t bitmap = rows / 8 + 1;
+    if (buf_reserve(&o->offsets, rows * 8) || buf_reserve(&o->timestamps, rows * 8) ||
+        buf_reserve(&o->key_offsets, rows * 4) || buf_reserve(&o->key_valid.b, bitmap))
+        return NOMEM;
+    for (int k = 0; k < o->ncols; k++) {
+        Column *c = &o->cols[k];
+        if (buf_reserve(&c->valid.b, bitmap)) return NOMEM;
+        if (c->kind == KIND_LONG || c->kind == KIND_DOUBLE) {
+            if (buf_reserve(&c->data, rows * 8)) return NOMEM;
+        } else if (c->kind == KIND_BOOL) {
+            if (buf_reserve(&c->bools.b, bitmap)) return NOMEM;
+        } else if (buf_reserve(&c->offsets, rows * 4)) {
+            return NOMEM;
+        }
+    }
+    return OK;
 }
 
 static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -586,6 +700,17 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
         b->log_append = log_append;
         b->count = count;
     }
+    /* room for every record up front (no copies as they come): a record takes 7 bytes at
+       least, so a count the bytes cannot hold reserves no more than they can */
+    size_t rows = 0;
+    for (Py_ssize_t k = 0; k < nb; k++) {
+        size_t fit = (size_t)batches[k].view.len / 7;
+        rows += batches[k].count < 0 ? 0 : ((size_t)batches[k].count < fit ? (size_t)batches[k].count : fit);
+    }
+    if (presize(&o, rows)) {
+        PyErr_NoMemory();
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < nb && rc == OK; k++) rc = decode_batch(&o, &batches[k], min_offset);
     Py_END_ALLOW_THREADS
@@ -612,6 +737,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__batchjson(void) {
+    if (PyType_Ready(&BlockType) < 0) return NULL;
     if (c_locale == (locale_t)0) {
         c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
         if (c_locale == (locale_t)0) return PyErr_NoMemory();

@@ -2,11 +2,16 @@
 
 from typing import Any
 
-Column = tuple[bytes | None, int, bytes] | tuple[bytes | None, int, bytes, bytes]
+class Block:
+    """Bytes the decoder wrote, read-only through the buffer protocol."""
+
+    def __len__(self) -> int: ...
+
+Column = tuple[Block | None, int, Block] | tuple[Block | None, int, Block, Block]
 
 def decode(
     bodies: list[tuple[Any, int, int, int, bool, int]],
     min_offset: int,
     names: tuple[bytes, ...],
     kinds: tuple[int, ...],
-) -> tuple[int, bytes, bytes, bytes | None, int, bytes, bytes, list[Column]] | None: ...
+) -> tuple[int, Block, Block, Block | None, int, Block, Block, list[Column]] | None: ...

@@ -160,8 +160,8 @@ def _headers(all_headers: list[Headers], n: int) -> pa.Array:
     )
 
 
-def _from_buffers(t: pa.DataType, n: int, validity: bytes | None, nulls: int,
-                  *buffers: bytes) -> pa.Array:
+def _from_buffers(t: pa.DataType, n: int, validity: _batchjson.Block | None, nulls: int,
+                  *buffers: _batchjson.Block) -> pa.Array:
     return pa.Array.from_buffers(
         t, n, [None if validity is None else pa.py_buffer(validity),
                *(pa.py_buffer(b) for b in buffers)], null_count=nulls)
