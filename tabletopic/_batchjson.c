@@ -6,7 +6,7 @@
  * buffer uncompressed), the lowest offset wanted, the table's value columns (UTF-8 names)
  * and their kinds (0 long, 1 double, 2 string, 3 boolean). It returns the Arrow buffers of
  * the records' offsets, timestamps (ms), keys and value columns, or None when it does not
- * take the input as it is: anything but plain, well-formed records without headers whose
+ * take the input as it is: anything but plain, well-formed records (header keys UTF-8) whose
  * values are JSON objects holding only those columns, each of its type or null, with no
  * escaped key, no duplicate key, no number Arrow would refuse or round. It is a fast path
  * only: on None the caller converts with the Python path (tabletopic.convert), which decides
@@ -105,7 +105,10 @@ typedef struct {
 typedef struct {
     Buf offsets, timestamps, key_offsets, key_data;
     Bits key_valid;
-    int64_t rows;
+    /* headers: each row's first header (int32), their keys (UTF-8) and values */
+    Buf header_offsets, header_key_offsets, header_keys, header_value_offsets, header_values;
+    Bits header_value_valid;
+    int64_t rows, headers;
     Column *cols;
     int ncols;
 } Out;
@@ -499,6 +502,7 @@ static int decode_batch(Out *o, const Batch *b, int64_t min_offset) {
     int rc;
     for (int64_t r = 0; r < b->count; r++) {
         int64_t rlen, ts_delta, off_delta, klen, vlen, headers;
+        rc = OK;
         if (length(p, len, &pos, &rlen) || rlen < 1) return REFUSE;
         size_t end = pos + (size_t)rlen;
         if (p[pos++] & 0x80) return REFUSE; /* attributes: one byte to every parser */
@@ -513,13 +517,36 @@ static int decode_batch(Out *o, const Batch *b, int64_t min_offset) {
         if (length(p, end, &pos, &vlen)) return REFUSE;
         const uint8_t *value = vlen < 0 ? NULL : p + pos;
         pos += vlen < 0 ? 0 : (size_t)vlen;
-        if (varlong(p, end, &pos, &headers) || headers != 0) return REFUSE;
-        if (pos != end) return REFUSE;
         int64_t offset, timestamp;
         if (__builtin_add_overflow(b->base_offset, off_delta, &offset)) return REFUSE;
         if (b->log_append) timestamp = b->max_timestamp;
         else if (__builtin_add_overflow(b->base_timestamp, ts_delta, &timestamp)) return REFUSE;
-        if (offset < min_offset) continue;
+        int keep = offset >= min_offset;
+        /* headers: a count, then (key, value) pairs of 2 bytes at least */
+        if (length(p, end, &pos, &headers) || headers < 0 || headers > (int64_t)(end - pos) / 2)
+            return REFUSE;
+        for (int64_t h = 0; h < headers; h++) {
+            int64_t hklen, hvlen;
+            if (length(p, end, &pos, &hklen) || hklen < 0) return REFUSE;
+            for (size_t at = pos, k; at < pos + (size_t)hklen; at += k) /* UTF-8, or declined */
+                if ((k = utf8_seq(p + at, pos + (size_t)hklen - at)) == 0) return REFUSE;
+            if (keep && (buf_put(&o->header_keys, p + pos, (size_t)hklen) ||
+                         (rc = push_offset(&o->header_key_offsets, o->header_keys.len))))
+                return rc ? rc : NOMEM;
+            pos += (size_t)hklen;
+            if (length(p, end, &pos, &hvlen)) return REFUSE;
+            if (keep) {
+                if (bits_push(&o->header_value_valid, hvlen >= 0) ||
+                    (hvlen > 0 && buf_put(&o->header_values, p + pos, (size_t)hvlen)))
+                    return NOMEM;
+                if ((rc = push_offset(&o->header_value_offsets, o->header_values.len))) return rc;
+                o->headers++;
+            }
+            pos += hvlen < 0 ? 0 : (size_t)hvlen;
+        }
+        if (pos != end) return REFUSE;
+        if (!keep) continue;
+        if ((rc = push_offset(&o->header_offsets, (size_t)o->headers))) return rc;
         if (buf_put(&o->offsets, &offset, sizeof offset) ||
             buf_put(&o->timestamps, &timestamp, sizeof timestamp) ||
             bits_push(&o->key_valid, key != NULL))
@@ -606,15 +633,30 @@ static PyObject *result(Out *o) {
         }
         PyList_SET_ITEM(cols, k, item);
     }
-    return Py_BuildValue("(LNNNLNNN)", (long long)o->rows, bytes_of(&o->offsets),
+    PyObject *headers;
+    if (o->headers == 0) headers = Py_NewRef(Py_None); /* no row has any: empty lists */
+    else
+        headers = Py_BuildValue(
+            "(LNNNNLNN)", (long long)o->headers, bytes_of(&o->header_offsets),
+            bytes_of(&o->header_key_offsets), bytes_of(&o->header_keys),
+            validity(&o->header_value_valid),
+            (long long)(o->header_value_valid.n - o->header_value_valid.ones),
+            bytes_of(&o->header_value_offsets), bytes_of(&o->header_values));
+    if (headers == NULL) {
+        Py_DECREF(cols);
+        return NULL;
+    }
+    return Py_BuildValue("(LNNNLNNNN)", (long long)o->rows, bytes_of(&o->offsets),
                          bytes_of(&o->timestamps), validity(&o->key_valid),
                          (long long)(o->key_valid.n - o->key_valid.ones),
-                         bytes_of(&o->key_offsets), bytes_of(&o->key_data), cols);
+                         bytes_of(&o->key_offsets), bytes_of(&o->key_data), headers, cols);
 }
 
 static void free_out(Out *o) {
     free(o->offsets.p); free(o->timestamps.p); free(o->key_offsets.p); free(o->key_data.p);
     free(o->key_valid.b.p);
+    free(o->header_offsets.p); free(o->header_key_offsets.p); free(o->header_keys.p);
+    free(o->header_value_offsets.p); free(o->header_values.p); free(o->header_value_valid.b.p);
     for (int k = 0; o->cols != NULL && k < o->ncols; k++) {
         Column *c = &o->cols[k];
         free(c->valid.b.p); free(c->data.p); free(c->bools.b.p); free(c->offsets.p);
@@ -625,7 +667,8 @@ static void free_out(Out *o) {
 static int presize(Out *o, size_t rows) {
     size_t bitmap = rows / 8 + 1;
     if (buf_reserve(&o->offsets, rows * 8) || buf_reserve(&o->timestamps, rows * 8) ||
-        buf_reserve(&o->key_offsets, rows * 4) || buf_reserve(&o->key_valid.b, bitmap))
+        buf_reserve(&o->key_offsets, rows * 4) || buf_reserve(&o->key_valid.b, bitmap) ||
+        buf_reserve(&o->header_offsets, rows * 4))
         return NOMEM;
     for (int k = 0; k < o->ncols; k++) {
         Column *c = &o->cols[k];
@@ -681,7 +724,8 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
             goto done;
         }
     }
-    if (push_offset(&o.key_offsets, 0)) {
+    if (push_offset(&o.key_offsets, 0) || push_offset(&o.header_offsets, 0) ||
+        push_offset(&o.header_key_offsets, 0) || push_offset(&o.header_value_offsets, 0)) {
         PyErr_NoMemory();
         goto done;
     }

@@ -314,8 +314,8 @@ class Converter:
     def convert_batches(self, partition: int, data: bytes, batches: list[BatchHeader],
                         offset: int) -> pa.Table | None:
         """The table `convert_columns(partition, decode_columns(data, batches, offset))`
-        gives, when every record at or after `offset` has no header and a value that is
-        null or a JSON object of the table's columns, all longs, doubles, strings and
+        gives, when every record at or after `offset` has header keys in UTF-8 and a value
+        that is null or a JSON object of the table's columns, all longs, doubles, strings and
         booleans (what `_json_typed` takes, and no more: tabletopic/_batchjson.c), read in C
         without the GIL; None otherwise (then that path decides: rows, dead letters, new
         columns, a corrupt batch). tests/unit/test_batchjson.py compares the two."""
@@ -331,13 +331,25 @@ class Converter:
         out = _batchjson.decode(bodies, offset, names, kinds)
         if out is None or out[0] == 0:
             return None
-        n, offsets, timestamps, key_valid, key_nulls, key_offsets, key_data, columns = out
+        n, offsets, timestamps, key_valid, key_nulls, key_offsets, key_data, hdrs, columns = out
+        if hdrs is None:  # no record has headers
+            headers = _headers([], n)
+        else:
+            m, firsts, hkey_offsets, hkeys, hvalue_valid, hvalue_nulls, hvalue_offsets, \
+                hvalues = hdrs
+            headers = pa.ListArray.from_arrays(
+                _from_buffers(pa.int32(), n + 1, None, 0, firsts),
+                pa.StructArray.from_arrays(
+                    [_from_buffers(pa.string(), m, None, 0, hkey_offsets, hkeys),
+                     _from_buffers(pa.binary(), m, hvalue_valid, hvalue_nulls, hvalue_offsets,
+                                   hvalues)],
+                    fields=list(HEADER_TYPE)))
         try:
             kafka = _kafka_struct(
                 partition, n, _from_buffers(pa.int64(), n, None, 0, offsets),
                 _from_buffers(pa.int64(), n, None, 0, timestamps),
                 _from_buffers(pa.binary(), n, key_valid, key_nulls, key_offsets, key_data),
-                _headers([], n))
+                headers)
         except pa.ArrowInvalid:  # a timestamp whose us overflow: that path isolates it
             return None
         arrays = [_from_buffers(t, n, *column)

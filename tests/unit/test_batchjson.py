@@ -41,15 +41,22 @@ def _field(b: bytes | None) -> bytes:
     return _zigzag(-1) if b is None else _zigzag(len(b)) + b
 
 
+Headers = list[tuple[str, bytes | None]]
+
+
 def _batch(values: list[tuple[bytes | None, bytes | None]], base: int, codec: int = 0,
-           log_append: int | None = None, ts_step: int = 0) -> bytes:
+           log_append: int | None = None, ts_step: int = 0,
+           headers: list[Headers] | None = None) -> bytes:
     """A v2 batch of (key, value) records at offsets from `base`; record i's timestamp is the
-    batch's plus i * ts_step."""
-    batch = bytearray(encode_batch([(k, v, []) for k, v in values], timestamp_ms=1_700_000_000))
+    batch's plus i * ts_step, its headers headers[i]."""
+    hs = headers or [[] for _ in values]
+    batch = bytearray(encode_batch([(k, v, h) for (k, v), h in zip(values, hs, strict=True)],
+                                   timestamp_ms=1_700_000_000))
     if ts_step:
         body = bytearray()
-        for i, (k, v) in enumerate(values):
-            rec = b"\x00" + _zigzag(i * ts_step) + _zigzag(i) + _field(k) + _field(v) + b"\x00"
+        for i, ((k, v), h) in enumerate(zip(values, hs, strict=True)):
+            rec = b"\x00" + _zigzag(i * ts_step) + _zigzag(i) + _field(k) + _field(v) \
+                + _zigzag(len(h)) + b"".join(_field(hk.encode()) + _field(hv) for hk, hv in h)
             body += _zigzag(len(rec)) + rec
         batch = batch[: records.HEADER_SIZE] + body
         struct.pack_into(">i", batch, 8, len(batch) - records.LOG_OVERHEAD)
@@ -122,7 +129,12 @@ def _value(rnd: random.Random, i: int) -> bytes | None:
     return f"{ws}{{{','.join(parts)}}}{ws}".encode()
 
 
-@pytest.mark.parametrize("seed", range(8))
+def _headers(rnd: random.Random) -> Headers:
+    return [(rnd.choice(["trace", "", "é\u0000ü", "😀"]), rnd.choice([None, b"", b"v\xff\x00"]))
+            for _ in range(rnd.choice([0, 0, 1, 3]))]
+
+
+@pytest.mark.parametrize("seed", range(8))  # odd seeds: no headers; even: some
 def test_it_gives_the_python_paths_table(seed: int) -> None:
     rnd = random.Random(seed)
     data, base = b"", 0
@@ -130,9 +142,10 @@ def test_it_gives_the_python_paths_table(seed: int) -> None:
         n = rnd.choice([1, 3, 50, 400])
         values = [(rnd.choice([None, b"", b"key-%d" % i]), _value(rnd, base + i))
                   for i in range(n)]
+        headers = None if seed % 2 else [_headers(rnd) for _ in range(n)]
         data += _batch(values, base, codec=rnd.choice([0, 0, 1, 2, 3, 4]),
                        log_append=1_800_000_000 if b == 2 else None,
-                       ts_step=rnd.choice([0, 1, -3, 1000]))
+                       ts_step=rnd.choice([0, 1, -3, 1000]), headers=headers)
         base += n
     for offset in (0, 1, base // 2, base - 1):
         want, bad = _python(data, offset)
@@ -216,10 +229,10 @@ def _declined_batches() -> list[bytes]:
         out[8:12] = (len(out) - 12).to_bytes(4, "big")
         return bytes(out)
 
-    headers = bytearray(encode_batch([(b"k", b'{"id": 1}', [("h", b"1")])]))
-    records.assign_offsets(headers, records.iter_headers(headers), 0, None)
+    bad_key = _batch([(b"k", b'{"id": 1}')], 0, headers=[[("HKEY", b"1")]])
+    assert bad_key.count(b"HKEY") == 1
     return [
-        bytes(headers),  # a record with headers
+        bad_key.replace(b"HKEY", b"\xffKEY"),  # a header key not UTF-8 (read with U+FFFD)
         with_body(body + b"\x00\x00"),  # bytes after the last record
         with_body(body[:-3]),  # the last record cut short
         with_body(body[:1] + b"\x80" + body[2:]),  # an attributes byte with its top bit set
@@ -237,7 +250,8 @@ def test_hostile_bytes_are_declined_or_read_as_the_python_path_reads_them() -> N
     """2,000 batches with random bytes of their records changed: each one is declined, or
     gives exactly the Python path's table (never a crash, never another table)."""
     rnd = random.Random(11)
-    plain = _batch([(b"k%d" % i, _value(rnd, i)) for i in range(20)], 0)
+    plain = _batch([(b"k%d" % i, _value(rnd, i)) for i in range(20)], 0,
+                   headers=[_headers(rnd) for _ in range(20)])
     taken = 0
     for _ in range(2000):
         data = bytearray(plain)
