@@ -57,6 +57,9 @@ from tabletopic.txnfilter import committed_batches
 __all__ = ["StaleOffsets", "TableWriter"]
 log = logging.getLogger(__name__)
 READ_BYTES = 4 << 20
+# a read the C path declines: its first HEAD_ROWS rows in Python, the rest offered to the C
+# path again once they are in (a new table's columns come from its first rows)
+HEAD_ROWS = 1000
 MAX_PENDING_BYTES = 512 << 20  # stop reading ahead while file sets cannot be handed in
 FATE_CHECK_S = 0.1  # how often a worker with file sets waiting looks whether they landed
 
@@ -518,6 +521,28 @@ def _convert_columns(
     if table is not None:
         return table, [], None
     cols = decode_columns(data, batches, offset)
+    if len(cols) <= HEAD_ROWS:
+        return _convert_python(conv, partition, cols, stop_at_invalid)
+    # the first rows in Python (a new table's first read brings its columns), then the rest
+    # by the C path if it takes them, else in Python too: as two reads would give them
+    after = cols.offsets[HEAD_ROWS]
+    table, dead, first = _convert_python(conv, partition, cols.before(after), stop_at_invalid)
+    if first is not None:
+        return table, dead, first  # stopped within the first rows
+    rest = conv.convert_batches(partition, data, batches, after)
+    if rest is None:
+        rest, more, first = _convert_python(
+            conv, partition, cols.take(list(range(HEAD_ROWS, len(cols)))), stop_at_invalid)
+        dead += more
+    if rest is not None:
+        table = rest if table is None else pa.concat_tables([table, rest],
+                                                            promote_options="permissive")
+    return table, dead, first
+
+
+def _convert_python(
+    conv: Converter, partition: int, cols: Columns, stop_at_invalid: bool,
+) -> tuple[pa.Table | None, list[Invalid], Invalid | None]:
     table, dead = convert_isolating(conv, partition, cols)
     if dead and stop_at_invalid:
         first = dead[0]

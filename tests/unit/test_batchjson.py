@@ -309,3 +309,41 @@ def test_bodies_are_the_batches_records_sections() -> None:
                                                h.position + h.size]) for h in hs]
     assert [b[1:] for b in bodies] == [(h.base_offset, h.base_timestamp, h.max_timestamp,
                                         h.log_append_time, h.record_count) for h in hs]
+
+
+@pytest.mark.parametrize("bad_at", [None, 500, 2500])  # none, in the first rows, after them
+@pytest.mark.parametrize("stop", [False, True])  # errors.tolerance all / none
+def test_a_new_tables_first_read_is_python_for_its_first_rows_then_c(
+        bad_at: int | None, stop: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer converts a read the C path declines (a new table: no columns yet) in Python
+    for its first HEAD_ROWS rows only, then offers the rest to the C path: the table, the dead
+    letters and where errors.tolerance=none stops are what converting it all in Python gives."""
+    from tabletopic import writer
+
+    calls: list[bool] = []
+    decode = _batchjson.decode
+
+    def spy(*args: Any) -> Any:
+        out = decode(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(convert_module._batchjson, "decode", spy)
+    rnd = random.Random(1)
+    values = [(None, b'{"id": %d, "user": "u%d", "amount": %d.5}' % (i, i, i))
+              for i in range(3000)]
+    if bad_at is not None:
+        values[bad_at] = (None, b'{"id": "not a long"}')
+    data = _batch(values[:1700], 0) + _batch(values[1700:], 1700, codec=rnd.choice([0, 4]))
+    hs = list(records.iter_headers(data))
+    got = writer._convert_columns(Converter("json"), 3, data, hs, 0, stop)
+    want = writer._convert_python(Converter("json"), 3, decode_columns(data, hs, 0), stop)
+    assert (got[0] is None) == (want[0] is None)
+    if got[0] is not None:
+        _same(got[0].combine_chunks(), want[0])
+    assert [(d.record, d.reason) for d in got[1]] == [(d.record, d.reason) for d in want[1]]
+    assert (got[2] and (got[2].record, got[2].reason)) == \
+        (want[2] and (want[2].record, want[2].reason))
+    # the whole read is declined before decoding (no columns yet); then the rest after the
+    # first rows is offered: taken, or declined for its bad record (Python for it too)
+    assert calls == {None: [True], 500: [] if stop else [True], 2500: [False]}[bad_at]
