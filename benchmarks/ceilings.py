@@ -143,11 +143,14 @@ def put_latency(url: str, size: int, count: int = PUT_LATENCY_COUNT) -> PutLaten
 class Conversion:
     rows: int
     input_mib: float
-    decode_rows_s: float  # record batches -> columns (tabletopic.columnar, as the writer reads)
-    convert_rows_s: float  # columns -> Arrow (tabletopic.convert.Converter, JSON values)
+    decode_rows_s: float  # record batches -> columns (tabletopic.columnar: the Python path)
+    convert_rows_s: float  # columns -> Arrow (Converter.convert_columns, JSON values: Python)
+    # record batches -> Arrow in C without the GIL (Converter.convert_batches: the path the
+    # table writer takes for a read of flat JSON objects)
+    native_rows_s: float
     parquet_rows_s: float  # pyarrow.parquet.write_table of the converted rows, zstd
     parquet_mib_s: float  # input (JSON value) MiB per second of the Parquet write
-    convert_and_write_rows_s: float
+    convert_and_write_rows_s: float  # the C path's conversion, then the Parquet write
 
 
 def conversion(rows: int, size: int) -> Conversion:
@@ -164,7 +167,7 @@ def conversion(rows: int, size: int) -> Conversion:
         encode_batch([(key, v, []) for v in values[i : i + 1000]]) for i in range(0, rows, 1000)
     ]
     log = b"".join(blobs)
-    decode_s = convert_s = write_s = math.inf
+    decode_s = convert_s = native_s = write_s = math.inf
     table = None
     for _ in range(REPEATS):  # best of a few: the runs are short
         converter = Converter("json")  # as a table writer's, after its first read
@@ -177,6 +180,10 @@ def conversion(rows: int, size: int) -> Conversion:
         convert_s = min(convert_s, time.perf_counter() - t0)
         assert table is not None and not invalid, invalid[:1]
         t0 = time.perf_counter()
+        native = converter.convert_batches(0, log, batches.iter_headers(log), 0)
+        native_s = min(native_s, time.perf_counter() - t0)
+        assert native is not None and native.equals(table)
+        t0 = time.perf_counter()
         pq.write_table(table, io.BytesIO(), compression="zstd")
         write_s = min(write_s, time.perf_counter() - t0)
     in_mib = sum(len(v) for v in values) / 2**20
@@ -185,9 +192,10 @@ def conversion(rows: int, size: int) -> Conversion:
         input_mib=in_mib,
         decode_rows_s=rows / decode_s,
         convert_rows_s=rows / convert_s,
+        native_rows_s=rows / native_s,
         parquet_rows_s=rows / write_s,
         parquet_mib_s=in_mib / write_s,
-        convert_and_write_rows_s=rows / (convert_s + write_s),
+        convert_and_write_rows_s=rows / (native_s + write_s),
     )
 
 

@@ -121,7 +121,8 @@ def apply_ceilings(results: Results) -> None:
             f.set_ceiling(null, "null broker (floor)")
         elif m in ("catchup_mib_s", "consume_mib_s") and raw:
             f.set_ceiling(results.value(raw, "raw", "get_mib_s"), f"raw sequential GET ({raw})")
-        elif m in ("backlog_rows_s", "convert_rows_s", "convert_and_write_rows_s"):
+        elif m in ("backlog_rows_s", "convert_rows_s", "native_rows_s",
+                   "convert_and_write_rows_s"):
             f.set_ceiling(conv, "pyarrow write_table (zstd), same rows")
         peer = PEER.get(f.system)
         if peer is not None:

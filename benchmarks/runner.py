@@ -359,6 +359,7 @@ class Run:
         note = f"{c.rows:,} JSON records of {plan.size} B ({c.input_mib:.0f} MiB)"
         for metric in (
             "convert_rows_s",
+            "native_rows_s",
             "parquet_rows_s",
             "decode_rows_s",
             "convert_and_write_rows_s",
