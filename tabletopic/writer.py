@@ -18,7 +18,11 @@ rows; on a commit request (or when it holds more than `commit.max.records` / `.b
 caught up with the log after taking the partition up behind its end: a table switched on over
 a backlog, a new leader, a restart) write them as data files of the table (the table's schema
 first evolved to hold their columns, tabletopic.datafiles) and hand the file set in
-(broker.metadata.tablework), only while it still leads the partition at its epoch.
+(broker.metadata.tablework), only while it still leads the partition at its epoch. Taken up
+behind the log's end with a backlog that fits one hand-in, the partitions are read one after
+the other, and each one read to its end has its files written while the next is read
+(`_write_ahead`): the hand-in takes those files (a write ahead that failed: its tables are
+written again; files never handed in are orphans, swept by age).
 """
 
 from __future__ import annotations
@@ -65,6 +69,16 @@ FATE_CHECK_S = 0.1  # how often a worker with file sets waiting looks whether th
 
 
 @dataclass
+class Ahead:
+    """Data files of a partition's first `tables` tables, written while other partitions were
+    still read (`_write_ahead`); the hand-in takes them."""
+
+    tables: int
+    began_ms: int  # the files' age counts from here (orphans, the coordinator's stale check)
+    task: asyncio.Future[list[Any]]
+
+
+@dataclass
 class PartitionState:
     partition: int
     committed: int  # the table holds every offset below this (as far as this worker knows)
@@ -80,6 +94,7 @@ class PartitionState:
     # taken up behind the log's end (a table switched on over a backlog, a new leader, a
     # restart): its rows are handed in as soon as it has read up to the end (`_caught_up`)
     catching_up: bool = False
+    ahead: Ahead | None = None  # its tables' files under way, ahead of the hand-in
 
     def __post_init__(self) -> None:
         if self.flushed < 0:
@@ -113,6 +128,7 @@ class TableWriter:
         self._poke = asyncio.Event()  # a new request, or new progress published
         self._stop = asyncio.Event()
         self._next_fate_check = 0.0
+        self.writes_ahead = 0  # partitions' files written ahead of a hand-in (/status)
         # steps retried after an error (WRITER_RETRY), commits rebuilt after a lost race
         self.retries = {"error": 0, "commit_conflict": 0}
         # tabletopic.ops: why an operator or an operation paused this writer (None: running);
@@ -308,8 +324,11 @@ class TableWriter:
         assert self.converter is not None
         cfg = self.config
         progressed = False
+        one_by_one = self._one_by_one()
         for st in list(self.parts.values()):
             if st.stopped or sum(s.bytes for s in self.parts.values()) > MAX_PENDING_BYTES:
+                continue
+            if one_by_one is not None and st.catching_up and st is not one_by_one:
                 continue
             # read_committed: up to the last stable offset, aborted records and markers skipped
             lso = self.storage.last_stable_offset(self.topic, st.partition)
@@ -353,7 +372,42 @@ class TableWriter:
             st.dead += dead
             st.read_next = last
             progressed = True
+            if st is one_by_one and self._read_to_end(st) and st.tables and st.ahead is None \
+                    and self._one_by_one() is not None:
+                self._write_ahead(st)  # while the next partition is read
         return progressed
+
+    def _one_by_one(self) -> PartitionState | None:
+        """When every partition taken up behind the log's end fits one hand-in (its records
+        within `commit.max.records`), they are read one after the other: this is the one to
+        read (the first not read to its end; None: read them all in turn). Each one read to
+        its end has its Parquet written while the next is read (`_write_ahead`)."""
+        ups = [s for s in self.parts.values() if s.catching_up]
+        if not ups:
+            return None
+        behind = sum(self.storage.last_stable_offset(self.topic, s.partition) - s.read_next
+                     for s in ups if not s.stopped)
+        pending = sum(s.records for s in self.parts.values() if s.read_next > s.flushed)
+        if behind + pending > self.config.commit_max_records:
+            return None
+        return next((s for s in ups if not self._read_to_end(s)), None)
+
+    def _write_ahead(self, st: PartitionState) -> None:
+        """Start writing the partition's tables as data files (in a thread) before its
+        hand-in, which takes them. Should the write fail, the hand-in writes those tables
+        again (what it wrote is an orphan); a partition dropped before its hand-in leaves its
+        files to the orphan sweep."""
+        data = pa.concat_tables(st.tables, promote_options="permissive")
+        cfg = self.config
+
+        def write() -> list[Any]:
+            table = evolve_schema(self.catalog, cfg.identifier, data.schema)
+            return write_data_files(table, data, cfg.layout.sort_by)
+
+        task = asyncio.ensure_future(asyncio.to_thread(write))
+        task.add_done_callback(_retrieve)
+        st.ahead = Ahead(len(st.tables), int(time.time() * 1000), task)
+        self.writes_ahead += 1
 
     # -- handing file sets in ---------------------------------------------------------------
     def _answer_due(self) -> bool:
@@ -406,26 +460,30 @@ class TableWriter:
         # the schema first, partition by partition (each writes with the table as it was
         # once its rows were covered); then every partition's files at once, in threads
         # (Arrow writes Parquet without the GIL: the partitions' writes overlap)
-        writes: list[tuple[PartitionState, Table | None, pa.Table | None]] = []
+        # files written ahead (`_write_ahead`) are taken as they are, the tables read after
+        # them written now; a partition whose write ahead failed writes all its tables
+        writes: list[tuple[PartitionState, Table | None, pa.Table | None, Ahead | None]] = []
         table: Table | None = None
         for st in parts:
             if st.read_next <= st.flushed:
                 continue
             if st.dead:  # durable before the offsets move past them
                 await self.dlq.write(st.partition, st.dead)
+            ahead = st.ahead if await _landed(st.ahead) else None
+            rest = st.tables[ahead.tables:] if ahead is not None else st.tables
             data = None
-            if st.tables:
-                data = pa.concat_tables(st.tables, promote_options="permissive")
+            if rest:
+                data = pa.concat_tables(rest, promote_options="permissive")
                 if table is None or not covers(table, data.schema):
                     table = await asyncio.to_thread(
                         evolve_schema, self.catalog, cfg.identifier, data.schema)
-            writes.append((st, table, data))
-        written = await asyncio.gather(*(self._write_files(t, d) for _st, t, d in writes))
+            writes.append((st, table, data, ahead))
+        written = await asyncio.gather(*(self._write_files(t, d, a) for _st, t, d, a in writes))
         sets = {  # partition -> the file set it hands in
             st.partition: FileSet(self.topic, st.partition, st.flushed, st.epoch, st.read_next,
                                   self.node_id, commit_id, files, st.records, len(st.dead),
                                   began_ms)
-            for (st, _t, _d), (files, began_ms) in zip(writes, written, strict=True)}
+            for (st, _t, _d, _a), (files, began_ms) in zip(writes, written, strict=True)}
         answers = [
             Answer(st.partition, st.epoch, sets.get(st.partition),
                    0 if st.partition in sets else st.records,
@@ -442,19 +500,24 @@ class TableWriter:
                 through = sets[st.partition].next
                 st.waiting.append((st.flushed, through))
                 st.flushed = through
-                st.tables, st.dead, st.records, st.bytes = [], [], 0, 0
+                st.tables, st.dead, st.records, st.bytes, st.ahead = [], [], 0, 0, None
             if st.catching_up and self._read_to_end(st):
                 st.catching_up = False  # handed in (or nothing more to read): caught up
         self.answered = max(self.answered, commit_id)
         self._next_fate_check = 0.0
 
-    async def _write_files(self, table: Table | None, data: pa.Table | None) -> tuple[str, int]:
-        """The data files of `data` (none without rows), encoded, and when they were begun."""
+    async def _write_files(self, table: Table | None, data: pa.Table | None,
+                           ahead: Ahead | None) -> tuple[str, int]:
+        """The files written ahead and those of `data` (none without rows), encoded, and when
+        the first of them was begun."""
         began_ms = int(time.time() * 1000)  # the files' age counts from here (orphans)
         files: list[Any] = []
+        if ahead is not None:
+            files += ahead.task.result()
+            began_ms = min(began_ms, ahead.began_ms)
         if data is not None:
             assert table is not None
-            files = await asyncio.to_thread(
+            files += await asyncio.to_thread(
                 write_data_files, table, data, self.config.layout.sort_by)
         return encode(files), began_ms
 
@@ -501,9 +564,33 @@ class TableWriter:
             "last_error": self.last_error or self.coordinator.last_error,
             "paused": self.paused,
             "retries": {**self.retries, "commit_conflict": self.coordinator.conflicts},
+            "writes_ahead": self.writes_ahead,
             "coordinator": self.coordinator.status(),
             "partitions": parts,
         }
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """A write ahead's outcome is read here too (one whose partition was dropped before its
+    hand-in is never awaited)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _landed(ahead: Ahead | None) -> bool:
+    """Whether the write ahead (if any) succeeded; waits for it."""
+    if ahead is None:
+        return False
+    try:
+        await asyncio.shield(ahead.task)
+    except asyncio.CancelledError:
+        if not ahead.task.cancelled():
+            raise  # we were cancelled, not the write
+        return False
+    except Exception as e:
+        log.warning("a write ahead failed (its tables are written again): %r", e)
+        return False
+    return True
 
 
 def _decode_records(data: bytes, batches: list[BatchHeader], offset: int) -> list[Record]:
