@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from broker.protocol import records
-from broker.protocol.recordcodec import encode_batch
+from broker.protocol.recordcodec import _field, _zigzag, encode_batch
 from tabletopic import _batchjson
 from tabletopic import convert as convert_module
 from tabletopic.columnar import batch_bodies, decode_columns
@@ -26,19 +26,6 @@ from tests.unit.test_records import compressed
 KNOWN = pa.schema([pa.field("_kafka", KAFKA_TYPE), pa.field("id", pa.int64()),
                    pa.field("user", pa.large_string()), pa.field("amount", pa.float64()),
                    pa.field("ok", pa.bool_()), pa.field("note", pa.string())])
-
-
-def _zigzag(n: int) -> bytes:
-    v = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    return bytes(out + bytes([v]))
-
-
-def _field(b: bytes | None) -> bytes:
-    return _zigzag(-1) if b is None else _zigzag(len(b)) + b
 
 
 Headers = list[tuple[str, bytes | None]]
@@ -279,17 +266,23 @@ def test_random_bodies_never_crash_the_decoder(seed: int) -> None:
         assert out is None or out[0] >= 0
 
 
-def test_the_writer_converts_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The table writer's conversion of a read goes through it once the columns are known."""
-    calls: list[bool] = []
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each call of the C decoder took its read (a spy around it)."""
+    taken: list[bool] = []
     decode = _batchjson.decode
 
     def spy(*args: Any) -> Any:
         out = decode(*args)
-        calls.append(out is not None)
+        taken.append(out is not None)
         return out
 
     monkeypatch.setattr(convert_module._batchjson, "decode", spy)
+    return taken
+
+
+def test_the_writer_converts_with_it(calls: list[bool]) -> None:
+    """The table writer's conversion of a read goes through it once the columns are known."""
     rnd = random.Random(3)
     data = _batch([(None, _value(rnd, i)) for i in range(100)], 0)
     hs = list(records.iter_headers(data))
@@ -314,21 +307,12 @@ def test_bodies_are_the_batches_records_sections() -> None:
 @pytest.mark.parametrize("bad_at", [None, 500, 2500])  # none, in the first rows, after them
 @pytest.mark.parametrize("stop", [False, True])  # errors.tolerance all / none
 def test_a_new_tables_first_read_is_python_for_its_first_rows_then_c(
-        bad_at: int | None, stop: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        bad_at: int | None, stop: bool, calls: list[bool]) -> None:
     """The writer converts a read the C path declines (a new table: no columns yet) in Python
     for its first HEAD_ROWS rows only, then offers the rest to the C path: the table, the dead
     letters and where errors.tolerance=none stops are what converting it all in Python gives."""
     from tabletopic import writer
 
-    calls: list[bool] = []
-    decode = _batchjson.decode
-
-    def spy(*args: Any) -> Any:
-        out = decode(*args)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(convert_module._batchjson, "decode", spy)
     rnd = random.Random(1)
     values = [(None, b'{"id": %d, "user": "u%d", "amount": %d.5}' % (i, i, i))
               for i in range(3000)]

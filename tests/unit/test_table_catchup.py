@@ -10,15 +10,10 @@ import contextlib
 import time
 from pathlib import Path
 
-from broker.metadata.tablework import TableWork
 from broker.protocol.recordcodec import encode_batch
 from broker.storage import Storage
-from s3stream.log import WalSettings
-from s3stream.metadata import SqliteMetadataStore
-from s3stream.objectstore import open_object_store
-from tabletopic.catalog import open_catalog
 from tabletopic.contract import table_offsets
-from tabletopic.writer import TableWriter
+from tests.tablewriter import open_writer
 
 TOPIC = "backlog"
 CONFIG: dict[str, str | None] = {
@@ -35,13 +30,7 @@ async def append(storage: Storage, partition: int, start: int, n: int) -> None:
 
 async def test_a_backlog_is_committed_once_read_not_at_the_next_interval(
         tmp_path: Path) -> None:
-    storage = Storage(open_object_store((tmp_path / "objects").as_uri()),
-                      SqliteMetadataStore(tmp_path / "meta.db"), WalSettings(flush_interval_ms=1))
-    await storage.open()
-    catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
-    work = TableWork(storage.meta)
-    await work.open()
-    writer = TableWriter(TOPIC, storage, catalog, work, node_id=0, orphan_min_age_s=3600)
+    storage, catalog, writer = await open_writer(tmp_path, TOPIC)
     task: asyncio.Task[None] | None = None
     ident = ("default", TOPIC)
 

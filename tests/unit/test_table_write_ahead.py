@@ -20,15 +20,11 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 import tabletopic.writer as writer_module
-from broker.metadata.tablework import TableWork
 from broker.protocol.recordcodec import encode_batch
 from broker.storage import Storage
-from s3stream.log import WalSettings
-from s3stream.metadata import SqliteMetadataStore
-from s3stream.objectstore import open_object_store
-from tabletopic.catalog import open_catalog
 from tabletopic.contract import table_offsets
 from tabletopic.writer import TableWriter
+from tests.tablewriter import open_writer
 
 TOPIC = "ahead"
 IDENT = ("default", TOPIC)
@@ -48,13 +44,7 @@ class Setup:
 
 @pytest.fixture
 async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    storage = Storage(open_object_store((tmp_path / "objects").as_uri()),
-                      SqliteMetadataStore(tmp_path / "meta.db"), WalSettings(flush_interval_ms=1))
-    await storage.open()
-    catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "wh").as_uri())
-    work = TableWork(storage.meta)
-    await work.open()
-    writer = TableWriter(TOPIC, storage, catalog, work, node_id=0, orphan_min_age_s=3600)
+    storage, catalog, writer = await open_writer(tmp_path, TOPIC)
     try:
         yield Setup(storage, catalog, writer)
     finally:
