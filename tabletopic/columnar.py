@@ -107,7 +107,7 @@ def decode_columns(data: bytes, batches: list[BatchHeader], offset: int,
 
 def _decode_compiled(out: Columns, data: bytes, h: BatchHeader, offset: int) -> None:
     view = memoryview(data)
-    body = decompress(h.compression, view[h.position + HEADER_SIZE : h.position + h.size])
+    body = decompress(h.compression, _records_section(view, h))
     head = bytearray(view[h.position : h.position + HEADER_SIZE])
     struct.pack_into(">i", head, _LENGTH_AT, HEADER_SIZE - 12 + len(body))
     struct.pack_into(">h", head, _ATTRIBUTES_AT, h.attributes & ~0x07)
@@ -127,6 +127,11 @@ def _decode_compiled(out: Columns, data: bytes, h: BatchHeader, offset: int) -> 
         headers.append(tuple(hs) if hs else ())
 
 
+def _records_section(view: memoryview, h: BatchHeader) -> memoryview:
+    """The batch's records, as stored (compressed or not), after its header."""
+    return view[h.position + HEADER_SIZE : h.position + h.size]
+
+
 Body = tuple[bytes | memoryview, int, int, int, bool, int]
 
 
@@ -140,7 +145,7 @@ def batch_bodies(data: bytes, batches: list[BatchHeader]) -> list[Body]:
     for h in batches:
         if h.is_control:
             continue
-        raw = view[h.position + HEADER_SIZE : h.position + h.size]
+        raw = _records_section(view, h)
         body = raw if h.compression == 0 else decompress(h.compression, raw)
         out.append((body, h.base_offset, h.base_timestamp, h.max_timestamp, h.log_append_time,
                     h.record_count))

@@ -151,13 +151,15 @@ def _headers(all_headers: list[Headers], n: int) -> pa.Array:
         offsets = pa.array(header_offsets, pa.int32())
     else:  # no record has headers (the usual case): every list empty
         offsets, header_keys, header_values = _repeat(0, n + 1, pa.int32()), [], []
+    return _header_lists(offsets, pa.array(header_keys, pa.string()),
+                         pa.array(header_values, pa.binary()))
+
+
+def _header_lists(offsets: pa.Array, keys: pa.Array, values: pa.Array) -> pa.Array:
+    """Each record's headers, a list of (key, value) structs: record i's are keys and values
+    offsets[i] to offsets[i + 1]."""
     return pa.ListArray.from_arrays(
-        offsets,
-        pa.StructArray.from_arrays(
-            [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
-            fields=list(HEADER_TYPE),
-        ),
-    )
+        offsets, pa.StructArray.from_arrays([keys, values], fields=list(HEADER_TYPE)))
 
 
 def _from_buffers(t: pa.DataType, n: int, validity: _batchjson.Block | None, nulls: int,
@@ -337,13 +339,11 @@ class Converter:
         else:
             m, firsts, hkey_offsets, hkeys, hvalue_valid, hvalue_nulls, hvalue_offsets, \
                 hvalues = hdrs
-            headers = pa.ListArray.from_arrays(
+            headers = _header_lists(
                 _from_buffers(pa.int32(), n + 1, None, 0, firsts),
-                pa.StructArray.from_arrays(
-                    [_from_buffers(pa.string(), m, None, 0, hkey_offsets, hkeys),
-                     _from_buffers(pa.binary(), m, hvalue_valid, hvalue_nulls, hvalue_offsets,
-                                   hvalues)],
-                    fields=list(HEADER_TYPE)))
+                _from_buffers(pa.string(), m, None, 0, hkey_offsets, hkeys),
+                _from_buffers(pa.binary(), m, hvalue_valid, hvalue_nulls, hvalue_offsets,
+                              hvalues))
         try:
             kafka = _kafka_struct(
                 partition, n, _from_buffers(pa.int64(), n, None, 0, offsets),
