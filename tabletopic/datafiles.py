@@ -30,6 +30,14 @@ checked by tests/unit/test_datafiles.py, which fails when a version changes it):
   - a fast append (`UpdateSnapshot.fast_append`) writes the files appended to it into a
     manifest of the table's current default spec, whatever spec they were written in: hence
     `append_files` refuses files of another spec.
+  - the schema check's visitor imports `rich.console` and `rich.table` on its first use
+    (~45 ms, once per process): imported here instead, with the table stack (which
+    tabletopic.lazyload imports in a thread), so a broker's first write (after a start or a
+    failover) does not wait for it; the check's outcome depends only on the table's schema
+    (by table uuid and schema id: a schema id's fields never change), the format version,
+    the downcast setting and the Arrow schema (field metadata included), so it is taken
+    once per such key (`_check_schema`). tests/unit/test_datafiles.py checks that a first
+    write imports nothing.
 """
 
 from __future__ import annotations
@@ -38,9 +46,10 @@ import base64
 import json
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -60,6 +69,8 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
+from rich import console as _rich_console  # noqa: F401 - see the module docstring
+from rich import table as _rich_table  # noqa: F401
 
 from tabletopic.commit import COMMIT_RETRY, UnexpectedUpdates, covers
 from tabletopic.partitioning import SortBy, parse_sort_by
@@ -111,12 +122,15 @@ def write_data_files(
     if missing:
         raise MissingColumns(missing)
     downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
-    _check_pyarrow_schema_compatible(
+    key = _SchemaKey(meta.table_uuid, meta.current_schema_id, meta.format_version, downcast,
+                     data.schema.to_string(show_field_metadata=True,
+                                           show_schema_metadata=False))
+    _check_schema(key, lambda: _check_pyarrow_schema_compatible(
         meta.schema(),
         provided_schema=data.schema,
         downcast_ns_timestamp_to_us=downcast,
         format_version=meta.format_version,
-    )
+    ))
     if data.num_rows == 0:
         return []
     order = tuple(s for item in sort_by for s in _sort_items(item))
@@ -126,6 +140,35 @@ def write_data_files(
     for f in files:
         f.spec_id = meta.default_spec_id
     return files
+
+
+@dataclass(frozen=True)
+class _SchemaKey:
+    """What pyiceberg's schema check depends on (see the module docstring)."""
+
+    table_uuid: uuid.UUID
+    schema_id: int
+    format_version: int
+    downcast: bool
+    arrow_schema: str  # with field metadata (field ids, when set, decide the match)
+
+
+_passed: dict[_SchemaKey, None] = {}  # keys whose check passed, oldest first
+_passed_lock = threading.Lock()  # writers check from several threads
+_PASSED_MAX = 256
+
+
+def _check_schema(key: _SchemaKey, check: Callable[[], None]) -> None:
+    """`check()` unless it passed for `key` already; a failure is not remembered (it raises
+    every time)."""
+    with _passed_lock:
+        if key in _passed:
+            return
+    check()
+    with _passed_lock:
+        _passed[key] = None
+        while len(_passed) > _PASSED_MAX:
+            del _passed[next(iter(_passed))]
 
 
 def _sort_items(item: SortBy | str) -> tuple[SortBy, ...]:

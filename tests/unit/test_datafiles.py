@@ -9,6 +9,8 @@ import datetime as dt
 import inspect
 import json
 import math
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -643,3 +645,65 @@ def test_append_refuses_delete_files(catalog: HookedCatalog) -> None:
     doc["files"][0]["content"] = 1  # position deletes
     with pytest.raises(ValueError, match="not a data file"):
         append_files(table.transaction(), decode(json.dumps(doc)), {})
+
+
+def test_the_schema_check_runs_once_per_schema_and_failures_every_time(
+    catalog: HookedCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_data_files takes pyiceberg's schema check once per (table, schema id, format,
+    downcast setting, Arrow schema with field metadata); a check that fails is not
+    remembered: the same rows are refused every time."""
+    from pyiceberg.io import pyarrow as pio
+
+    calls: list[pa.Schema] = []
+    real = pio._check_pyarrow_schema_compatible
+
+    def counting(requested: Any, provided_schema: pa.Schema, **kw: Any) -> None:
+        calls.append(provided_schema)
+        real(requested, provided_schema=provided_schema, **kw)
+
+    monkeypatch.setattr(pio, "_check_pyarrow_schema_compatible", counting)
+    table = make_table(catalog)
+    for start in (0, 10, 20):
+        write_data_files(table, rows(3, start))
+    assert len(calls) == 1
+    with_id = rows(3).schema.set(0, pa.field("id", pa.int64(), metadata={
+        b"PARQUET:field_id": b"1"}))
+    write_data_files(table, rows(3).cast(with_id))  # field metadata: checked again
+    assert len(calls) == 2
+    twin = make_table(catalog, ident=("ns", "twin"))  # another table: checked again
+    write_data_files(twin, rows(3))
+    assert len(calls) == 3
+    evolve_schema(catalog, IDENT, rows(1).append_column("z", pa.array([1])).schema)
+    write_data_files(catalog.load_table(IDENT), rows(3))  # a new schema id: checked again
+    assert len(calls) == 4
+    bad = pa.table({"id": ["not a number"]})
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            write_data_files(table, bad)
+    assert len(calls) == 6
+
+
+def test_a_first_write_imports_nothing() -> None:
+    """What pyiceberg imports on its first write (rich, for the schema check's report) comes
+    with the table stack (tabletopic.writer, imported by tabletopic.lazyload in a thread),
+    not on the first write of a broker after its start or a failover."""
+    code = """
+import sys, tempfile
+import pyarrow as pa
+import tabletopic.writer
+from pyiceberg.catalog.sql import SqlCatalog
+from tabletopic.datafiles import decode, encode, evolve_schema, write_data_files
+d = tempfile.mkdtemp()
+cat = SqlCatalog("t", uri=f"sqlite:///{d}/c.db", warehouse=f"file://{d}/wh")
+cat.create_namespace("ns")
+data = pa.table({"id": pa.array([1, 2], pa.int64()), "s": pa.array(["a", "b"])})
+cat.create_table("ns.t", schema=data.schema, properties={"format-version": "2"})
+before = set(sys.modules)
+table = evolve_schema(cat, "ns.t", data.schema)
+decode(encode(write_data_files(table, data)))
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]", f"the first write imported {out.strip()}"
