@@ -20,13 +20,20 @@ read before its bounds check) land in padding of ours, never outside the buffer.
 
 from __future__ import annotations
 
+import bisect
 import struct
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from broker.protocol.recordcodec import Record, decode_records
-from broker.protocol.records import HEADER_SIZE, BatchHeader, CorruptBatchError, decompress
+from broker.protocol.records import (
+    HEADER_SIZE,
+    BatchHeader,
+    CorruptBatchError,
+    decompress,
+    iter_headers,
+)
 
 try:
     from aiokafka.record.default_records import DefaultRecordBatch as _CBatch
@@ -135,17 +142,71 @@ def _records_section(view: memoryview, h: BatchHeader) -> memoryview:
 Body = tuple[bytes | memoryview, int, int, int, bool, int]
 
 
-def batch_bodies(data: bytes, batches: list[BatchHeader]) -> list[Body]:
+class Parts:
+    """A read's whole batches as the buffers that hold them (a RecordSet's parts, each a run
+    of whole batches), addressed as if they were joined: a header's position counts from the
+    start of the first part. The C path (`batch_bodies`) slices each batch's records out of
+    its own part, so a read of megabytes is not first copied into one new buffer (4 MiB: ~3.6
+    ms of page faults and copying, on the event loop, per read of a catch-up); what needs one
+    buffer joins them (`tobytes`, once)."""
+
+    __slots__ = ("_joined", "parts", "starts")
+
+    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+        self.parts = tuple(memoryview(p) for p in parts)
+        starts, pos = [], 0
+        for p in self.parts:
+            starts.append(pos)
+            pos += len(p)
+        self.starts = tuple(starts)
+        self._joined: bytes | None = None
+
+    def __len__(self) -> int:
+        return self.starts[-1] + len(self.parts[-1]) if self.parts else 0
+
+    def headers(self) -> list[BatchHeader]:
+        """Every batch's header, positions as if joined (CorruptBatchError: a part that is
+        not whole batches)."""
+        out: list[BatchHeader] = []
+        for part, start in zip(self.parts, self.starts, strict=True):
+            hs = iter_headers(part)
+            out += hs if not start else [replace(h, position=h.position + start) for h in hs]
+        return out
+
+    def batch(self, h: BatchHeader) -> tuple[memoryview, BatchHeader]:
+        """The part holding the batch `h` (a header of `headers()`) and `h` positioned in it."""
+        i = bisect.bisect_right(self.starts, h.position) - 1
+        local = h.position - self.starts[i] if i >= 0 else -1
+        if local < 0 or local + h.size > len(self.parts[i]):
+            raise CorruptBatchError(f"no part holds the batch at {h.position}")
+        return self.parts[i], replace(h, position=local) if local != h.position else h
+
+    def tobytes(self) -> bytes:
+        if self._joined is None:
+            self._joined = b"".join(self.parts)
+        return self._joined
+
+
+def joined(data: bytes | Parts) -> bytes:
+    """`data` as one buffer."""
+    return data.tobytes() if isinstance(data, Parts) else data
+
+
+def batch_bodies(data: bytes | Parts, batches: list[BatchHeader]) -> list[Body]:
     """The records section of each non-control batch of `data`, uncompressed (by floe's
     bounded `decompress`: CorruptBatchError if it is not valid), with what its records need
     of the header: (body, base offset, base timestamp, max timestamp, log-append time,
     record count), as tabletopic._batchjson.decode takes them."""
-    view = memoryview(data)
+    view = None if isinstance(data, Parts) else memoryview(data)
     out: list[Body] = []
     for h in batches:
         if h.is_control:
             continue
-        raw = _records_section(view, h)
+        if view is None:
+            assert isinstance(data, Parts)
+            raw = _records_section(*data.batch(h))
+        else:
+            raw = _records_section(view, h)
         body = raw if h.compression == 0 else decompress(h.compression, raw)
         out.append((body, h.base_offset, h.base_timestamp, h.max_timestamp, h.log_append_time,
                     h.record_count))

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from broker.protocol.recordcodec import Record
 from broker.protocol.records import BatchHeader, CorruptBatchError
 from tabletopic import _batchjson
-from tabletopic.columnar import Columns, Headers, batch_bodies
+from tabletopic.columnar import Columns, Headers, Parts, batch_bodies
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 KAFKA_TYPE = pa.struct(
@@ -313,7 +313,7 @@ class Converter:
             out = [kafka] + [pa.array(columns[f.name], type=f.type) for f in list(schema)[1:]]
         return pa.Table.from_arrays(out, schema=schema), invalid
 
-    def convert_batches(self, partition: int, data: bytes, batches: list[BatchHeader],
+    def convert_batches(self, partition: int, data: bytes | Parts, batches: list[BatchHeader],
                         offset: int) -> pa.Table | None:
         """The table `convert_columns(partition, decode_columns(data, batches, offset))`
         gives, when every record at or after `offset` has header keys in UTF-8 and a value

@@ -19,6 +19,7 @@ from broker.engine import StorageEngine
 from broker.protocol import records
 from broker.protocol.records import TRANSACTIONAL_BIT, BatchHeader
 from broker.txn.markers import ABORT, marker_type
+from tabletopic.columnar import Parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,8 @@ class CommittedBatches:
 
 
 def committed_batches(
-    storage: StorageEngine, topic: str, partition: int, data: bytes, offset: int, lso: int
+    storage: StorageEngine, topic: str, partition: int, data: bytes | Parts, offset: int,
+    lso: int,
 ) -> CommittedBatches | None:
     """Which batches of `data` hold what a read_committed consumer is given from `offset`
     (their records at or after `offset`), or None when no whole batch of `data` lies below
@@ -36,7 +38,8 @@ def committed_batches(
     `lso` must be taken before this call (the aborted ranges are taken here, after it: a
     transaction that ended before the LSO was taken has its marker, and so its aborted range,
     in place)."""
-    headers = [h for h in records.iter_headers(data) if h.last_offset < lso]
+    every = data.headers() if isinstance(data, Parts) else records.iter_headers(data)
+    headers = [h for h in every if h.last_offset < lso]
     if not headers:
         return None
     pending = sorted(
@@ -49,7 +52,8 @@ def committed_batches(
             aborting.add(pending.pop(0)[0])
         transactional = bool(h.attributes & TRANSACTIONAL_BIT)
         if h.is_control:
-            if transactional and marker_type(data, h) == ABORT:
+            if transactional and marker_type(*(data.batch(h) if isinstance(data, Parts)
+                                               else (data, h))) == ABORT:
                 aborting.discard(h.producer_id)
             continue
         if transactional and h.producer_id in aborting:

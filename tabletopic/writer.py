@@ -44,7 +44,7 @@ from broker.errors import KafkaError
 from broker.metadata.tablework import Answer, FileSet, TableWork
 from broker.protocol.recordcodec import Record
 from broker.protocol.records import BatchHeader
-from tabletopic.columnar import Columns, decode_columns
+from tabletopic.columnar import Columns, Parts, decode_columns, joined
 from tabletopic.commit import StaleOffsets, covers
 from tabletopic.config import ORPHAN_MIN_AGE_S, TableTopicConfig
 from tabletopic.contract import table_offsets
@@ -334,9 +334,10 @@ class TableWriter:
             lso = self.storage.last_stable_offset(self.topic, st.partition)
             if st.read_next >= lso:
                 continue
-            data = await self.storage.read(
+            # the batches as the cache holds them, not joined (tabletopic.columnar.Parts)
+            data = Parts((await self.storage.read_records(
                 self.topic, st.partition, st.read_next, READ_BYTES, must_return_one=True
-            )
+            )).parts)
             got = committed_batches(
                 self.storage, self.topic, st.partition, data, st.read_next, lso
             )
@@ -593,13 +594,13 @@ async def _landed(ahead: Ahead | None) -> bool:
     return True
 
 
-def _decode_records(data: bytes, batches: list[BatchHeader], offset: int) -> list[Record]:
-    return decode_columns(data, batches, offset).records()
+def _decode_records(data: Parts, batches: list[BatchHeader], offset: int) -> list[Record]:
+    return decode_columns(data.tobytes(), batches, offset).records()
 
 
 def _convert_columns(
-    conv: Converter, partition: int, data: bytes, batches: list[BatchHeader], offset: int,
-    stop_at_invalid: bool,
+    conv: Converter, partition: int, data: bytes | Parts, batches: list[BatchHeader],
+    offset: int, stop_at_invalid: bool,
 ) -> tuple[pa.Table | None, list[Invalid], Invalid | None]:
     """Decode and convert one read (in a worker thread): the table, the dead letters and, with
     errors.tolerance=none, the first invalid record (the table then holds the rows before it,
@@ -607,7 +608,7 @@ def _convert_columns(
     table = conv.convert_batches(partition, data, batches, offset)  # C, without the GIL
     if table is not None:
         return table, [], None
-    cols = decode_columns(data, batches, offset)
+    cols = decode_columns(joined(data), batches, offset)
     if len(cols) <= HEAD_ROWS:
         return _convert_python(conv, partition, cols, stop_at_invalid)
     # the first rows in Python (a new table's first read brings its columns), then the rest

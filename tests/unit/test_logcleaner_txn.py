@@ -13,7 +13,7 @@ import pytest
 from broker.logcleaner import CleanerSettings, LogCleaner
 from broker.protocol import records
 from broker.storage import Storage
-from tabletopic.columnar import decode_columns
+from tabletopic.columnar import Parts, decode_columns
 from tabletopic.txnfilter import committed_batches
 from tests.s3server import broker_on_s3
 from tests.unit.test_logcleaner import COMPACT, open_storage, read_all, settle
@@ -50,9 +50,14 @@ async def end(storage: Storage, pid: int, commit: bool) -> int:
 
 
 async def read_committed(storage: Storage) -> list[tuple[int, bytes | None]]:
+    """What a table topic's writer reads, from the read joined and (as the writer takes it)
+    in the parts the storage holds it in: the same batches."""
     lso = storage.last_stable_offset("t", 0)
     data = await storage.read("t", 0, 0, 1 << 20, True)
-    got = committed_batches(storage, "t", 0, data, 0, lso)  # what a table topic's writer reads
+    got = committed_batches(storage, "t", 0, data, 0, lso)
+    parts = Parts((await storage.read_records("t", 0, 0, 1 << 20, True)).parts)
+    in_parts = committed_batches(storage, "t", 0, parts, 0, lso)
+    assert in_parts == got
     return [] if got is None else [(r.offset, r.value)
                                    for r in decode_columns(data, got.batches, 0).records()]
 
@@ -73,6 +78,8 @@ async def test_aborted_values_are_removed_and_open_transactions_left_alone(
     assert await write(storage, b"v2", pid, 1) == 2
     assert await end(storage, pid, commit=False) == 3
     assert await read_committed(storage) == [(0, b"v1")]
+    # each append a WAL object of its own: the read in parts (the markers in other parts)
+    assert len((await storage.read_records("t", 0, 0, 1 << 20, True)).parts) == 4
     await settle(storage)
     cleaner = LogCleaner(storage, CleanerSettings())
     stats = await cleaner.run_once()
@@ -95,3 +102,18 @@ async def test_aborted_values_are_removed_and_open_transactions_left_alone(
     assert stats.records_removed == 1
     assert await read_committed(storage) == [(4, b"v3")]
     assert markers(await storage.read("t", 0, 0, 1 << 20, True)) == [1, 3, 5]
+
+
+async def test_a_writer_reading_in_parts_sees_an_abort_marker_of_a_later_part(
+    storage: Storage,
+) -> None:
+    """Must survive: a producer's aborted transaction ends at its ABORT marker (in a part of
+    the read after the first), so its next, committed, transaction is read: the marker is
+    found in its own part (tabletopic.columnar.Parts), not only in the joined read."""
+    pid, _ = await storage.init_producer_id(-1, -1)
+    assert await write(storage, b"gone", pid, 0) == 0
+    assert await end(storage, pid, commit=False) == 1
+    assert await write(storage, b"kept", pid, 1) == 2
+    assert await end(storage, pid, commit=True) == 3
+    assert len((await storage.read_records("t", 0, 0, 1 << 20, True)).parts) == 4
+    assert await read_committed(storage) == [(2, b"kept")]
