@@ -169,17 +169,26 @@ class Parts:
         not whole batches)."""
         out: list[BatchHeader] = []
         for part, start in zip(self.parts, self.starts, strict=True):
-            hs = iter_headers(part)
-            out += hs if not start else [replace(h, position=h.position + start) for h in hs]
+            out += iter_headers(part, start)
         return out
 
-    def batch(self, h: BatchHeader) -> tuple[memoryview, BatchHeader]:
-        """The part holding the batch `h` (a header of `headers()`) and `h` positioned in it."""
+    def _find(self, h: BatchHeader) -> tuple[memoryview, int]:
+        """The part holding the batch `h` (a header of `headers()`), and where in it."""
         i = bisect.bisect_right(self.starts, h.position) - 1
         local = h.position - self.starts[i] if i >= 0 else -1
         if local < 0 or local + h.size > len(self.parts[i]):
             raise CorruptBatchError(f"no part holds the batch at {h.position}")
-        return self.parts[i], replace(h, position=local) if local != h.position else h
+        return self.parts[i], local
+
+    def batch(self, h: BatchHeader) -> tuple[memoryview, BatchHeader]:
+        """The part holding the batch `h` (a header of `headers()`) and `h` positioned in it."""
+        part, local = self._find(h)
+        return part, replace(h, position=local) if local != h.position else h
+
+    def records_section(self, h: BatchHeader) -> memoryview:
+        """The batch's records, as stored (compressed or not), after its header."""
+        part, local = self._find(h)
+        return part[local + HEADER_SIZE : local + h.size]
 
     def tobytes(self) -> bytes:
         if self._joined is None:
@@ -204,7 +213,7 @@ def batch_bodies(data: bytes | Parts, batches: list[BatchHeader]) -> list[Body]:
             continue
         if view is None:
             assert isinstance(data, Parts)
-            raw = _records_section(*data.batch(h))
+            raw = data.records_section(h)
         else:
             raw = _records_section(view, h)
         body = raw if h.compression == 0 else decompress(h.compression, raw)

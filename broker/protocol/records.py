@@ -87,8 +87,9 @@ class BatchHeader:
         return bool(self.attributes & CONTROL_BIT)
 
 
-def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Decode the header of the batch at `pos`; checks framing but not the CRC."""
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0, base: int = 0) -> BatchHeader:
+    """Decode the header of the batch at `pos`; checks framing but not the CRC. Its position
+    is `base + pos` (`buf` a part of a larger whole that starts `base` bytes in)."""
     if len(buf) - pos < HEADER_SIZE:
         raise CorruptBatchError(f"truncated batch header at {pos}")
     fields = _HEAD.unpack_from(buf, pos)
@@ -98,16 +99,17 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
     batch_length = fields[1]
     if batch_length < _MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + batch_length > len(buf):
         raise CorruptBatchError(f"batch length {batch_length} at {pos} does not fit the buffer")
-    return BatchHeader(pos, fields[0], batch_length, fields[2], *fields[4:])
+    return BatchHeader(base + pos, fields[0], batch_length, fields[2], *fields[4:])
 
 
-def iter_headers(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
-    """All batch headers of a buffer made of whole batches (as stored; no CRC check)."""
+def iter_headers(buf: bytes | bytearray | memoryview, base: int = 0) -> list[BatchHeader]:
+    """All batch headers of a buffer made of whole batches (as stored; no CRC check); their
+    positions count from `base` (see `read_header`)."""
     out = []
     pos = 0
     end = len(buf)
     while pos < end:
-        h = read_header(buf, pos)
+        h = read_header(buf, pos, base)
         out.append(h)
         pos += h.size
     return out
