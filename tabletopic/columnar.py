@@ -21,6 +21,7 @@ read before its bounds check) land in padding of ours, never outside the buffer.
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -206,16 +207,13 @@ def batch_bodies(data: bytes | Parts, batches: list[BatchHeader]) -> list[Body]:
     bounded `decompress`: CorruptBatchError if it is not valid), with what its records need
     of the header: (body, base offset, base timestamp, max timestamp, log-append time,
     record count), as tabletopic._batchjson.decode takes them."""
-    view = None if isinstance(data, Parts) else memoryview(data)
+    section = data.records_section if isinstance(data, Parts) \
+        else functools.partial(_records_section, memoryview(data))
     out: list[Body] = []
     for h in batches:
         if h.is_control:
             continue
-        if view is None:
-            assert isinstance(data, Parts)
-            raw = data.records_section(h)
-        else:
-            raw = _records_section(view, h)
+        raw = section(h)
         body = raw if h.compression == 0 else decompress(h.compression, raw)
         out.append((body, h.base_offset, h.base_timestamp, h.max_timestamp, h.log_append_time,
                     h.record_count))
