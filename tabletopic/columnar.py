@@ -21,7 +21,6 @@ read before its bounds check) land in padding of ours, never outside the buffer.
 from __future__ import annotations
 
 import bisect
-import functools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -115,7 +114,7 @@ def decode_columns(data: bytes, batches: list[BatchHeader], offset: int,
 
 def _decode_compiled(out: Columns, data: bytes, h: BatchHeader, offset: int) -> None:
     view = memoryview(data)
-    body = decompress(h.compression, _records_section(view, h))
+    body = decompress(h.compression, _records_section(view, h.position, h))
     head = bytearray(view[h.position : h.position + HEADER_SIZE])
     struct.pack_into(">i", head, _LENGTH_AT, HEADER_SIZE - 12 + len(body))
     struct.pack_into(">h", head, _ATTRIBUTES_AT, h.attributes & ~0x07)
@@ -135,9 +134,10 @@ def _decode_compiled(out: Columns, data: bytes, h: BatchHeader, offset: int) -> 
         headers.append(tuple(hs) if hs else ())
 
 
-def _records_section(view: memoryview, h: BatchHeader) -> memoryview:
-    """The batch's records, as stored (compressed or not), after its header."""
-    return view[h.position + HEADER_SIZE : h.position + h.size]
+def _records_section(view: memoryview, at: int, h: BatchHeader) -> memoryview:
+    """The records of batch `h`, which starts `at` bytes into `view`, as stored (compressed or
+    not), after its header."""
+    return view[at + HEADER_SIZE : at + h.size]
 
 
 Body = tuple[bytes | memoryview, int, int, int, bool, int]
@@ -161,6 +161,11 @@ class Parts:
             pos += len(p)
         self.starts = tuple(starts)
         self._joined: bytes | None = None
+
+    @classmethod
+    def of(cls, data: bytes | Parts) -> Parts:
+        """`data` as parts (joined bytes: one part, positions unchanged)."""
+        return data if isinstance(data, Parts) else cls((data,))
 
     def __len__(self) -> int:
         return self.starts[-1] + len(self.parts[-1]) if self.parts else 0
@@ -188,8 +193,7 @@ class Parts:
 
     def records_section(self, h: BatchHeader) -> memoryview:
         """The batch's records, as stored (compressed or not), after its header."""
-        part, local = self._find(h)
-        return part[local + HEADER_SIZE : local + h.size]
+        return _records_section(*self._find(h), h)
 
     def tobytes(self) -> bytes:
         if self._joined is None:
@@ -207,13 +211,12 @@ def batch_bodies(data: bytes | Parts, batches: list[BatchHeader]) -> list[Body]:
     bounded `decompress`: CorruptBatchError if it is not valid), with what its records need
     of the header: (body, base offset, base timestamp, max timestamp, log-append time,
     record count), as tabletopic._batchjson.decode takes them."""
-    section = data.records_section if isinstance(data, Parts) \
-        else functools.partial(_records_section, memoryview(data))
+    parts = Parts.of(data)
     out: list[Body] = []
     for h in batches:
         if h.is_control:
             continue
-        raw = section(h)
+        raw = parts.records_section(h)
         body = raw if h.compression == 0 else decompress(h.compression, raw)
         out.append((body, h.base_offset, h.base_timestamp, h.max_timestamp, h.log_append_time,
                     h.record_count))

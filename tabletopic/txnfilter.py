@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.engine import StorageEngine
-from broker.protocol import records
 from broker.protocol.records import TRANSACTIONAL_BIT, BatchHeader
 from broker.txn.markers import ABORT, marker_type
 from tabletopic.columnar import Parts
@@ -38,8 +37,8 @@ def committed_batches(
     `lso` must be taken before this call (the aborted ranges are taken here, after it: a
     transaction that ended before the LSO was taken has its marker, and so its aborted range,
     in place)."""
-    every = data.headers() if isinstance(data, Parts) else records.iter_headers(data)
-    headers = [h for h in every if h.last_offset < lso]
+    parts = Parts.of(data)
+    headers = [h for h in parts.headers() if h.last_offset < lso]
     if not headers:
         return None
     pending = sorted(
@@ -52,8 +51,7 @@ def committed_batches(
             aborting.add(pending.pop(0)[0])
         transactional = bool(h.attributes & TRANSACTIONAL_BIT)
         if h.is_control:
-            if transactional and marker_type(*(data.batch(h) if isinstance(data, Parts)
-                                               else (data, h))) == ABORT:
+            if transactional and marker_type(*parts.batch(h)) == ABORT:
                 aborting.discard(h.producer_id)
             continue
         if transactional and h.producer_id in aborting:
