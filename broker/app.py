@@ -30,9 +30,11 @@ from broker.memtrim import (
     ARENAS,
     ARROW_POOL,
     MMAP_THRESHOLD,
+    TRIM_THRESHOLD,
     MemoryTrimmer,
     arrow_pool,
     fix_mmap_threshold,
+    fix_trim_threshold,
     limit_arenas,
     malloc_trim,
 )
@@ -257,12 +259,15 @@ def _recorder(metrics: BrokerMetrics, job: str) -> Callable[[object | None, bool
 async def run_broker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     arenas, pinned = limit_arenas(), fix_mmap_threshold()  # before the worker threads
+    trim = fix_trim_threshold()
     chosen_pool = arrow_pool()
     log.info(
-        "malloc: %s, %s; %s (broker/memtrim.py)",
+        "malloc: %s, %s, %s; %s (broker/memtrim.py)",
         f"{ARENAS} arenas" if arenas else "arenas as glibc or MALLOC_ARENA_MAX decide",
         f"mmap threshold {MMAP_THRESHOLD} bytes" if pinned
         else "mmap threshold as glibc or MALLOC_MMAP_THRESHOLD_ decide",
+        f"trim threshold {TRIM_THRESHOLD} bytes" if trim
+        else "trim threshold as glibc or MALLOC_TRIM_THRESHOLD_ decide",
         f"pyarrow allocates with {ARROW_POOL}" if chosen_pool
         else "pyarrow's pool as it or ARROW_DEFAULT_MEMORY_POOL decide",
     )
