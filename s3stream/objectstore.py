@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar, cast
 from urllib.parse import urlparse
 
+from s3stream import _durable
 from s3stream.errors import ObjectNotFoundError as ObjectNotFoundError  # re-exported
 from s3stream.errors import ObjectStoreError as ObjectStoreError
 from s3stream.errors import ObjectStoreTimeoutError as ObjectStoreTimeoutError
@@ -82,23 +83,6 @@ class MemoryObjectStore:
 
     async def close(self) -> None:
         pass
-
-
-_IOV_MAX = 1024  # Linux's limit on the buffers of one writev call
-
-
-def _write_all(fd: int, parts: Sequence[Buffer]) -> None:
-    """Write the parts one after the other (writev: no copy to join them), whatever the
-    number of parts and however short a write comes back."""
-    views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
-    i = 0
-    while i < len(views):
-        n = os.writev(fd, views[i : i + _IOV_MAX])
-        while n and n >= len(views[i]):  # whole parts written
-            n -= len(views[i])
-            i += 1
-        if n:  # a part written in part: the rest of it next
-            views[i] = views[i][n:]
 
 
 async def put_parts(store: ObjectStore, key: str, parts: Sequence[Buffer]) -> None:
@@ -192,18 +176,9 @@ class LocalDirObjectStore:
         its pages leave the page cache once fsynced (see `put_parts`)."""
         path = self._path(key)
         self._durable_dir(path.parent)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-            if drop_cached:  # clean now: dropped at once (a hint; nothing fails without it)
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        # write, fsync, rename, fsync the directory: one call that holds no GIL (one Python
+        # call per system call waited for the busy event loop's thread after each of them)
+        _durable.put(path.with_name(path.name + ".tmp"), path, path.parent, data, drop_cached)
 
     def _get_range(self, key: str, start: int, length: int) -> bytes:
         try:

@@ -10,23 +10,34 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from s3stream import _durable
 from s3stream.objectstore import LocalDirObjectStore
 
 
 @pytest.fixture
 def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """The paths of the file descriptors os.fsync is called with, in order."""
+    """The paths fsynced, in order: those of the file descriptors os.fsync is called with
+    (the directories the store creates), and an object's write (s3stream/_durable.c, one
+    call: its temporary file, then its directory after the rename, the order
+    tests/unit/test_durable.py sees it make the system calls in)."""
     seen: list[Path] = []
     real: Callable[[int], None] = os.fsync
+    real_put = _durable.put
 
     def recording(fd: int) -> None:
         seen.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
         real(fd)
 
+    def put(tmp: Path, final: Path, directory: Path, parts: Any, drop: bool) -> None:
+        real_put(tmp, final, directory, parts, drop)
+        seen.extend([Path(tmp), Path(directory)])
+
     monkeypatch.setattr(os, "fsync", recording)
+    monkeypatch.setattr(_durable, "put", put)
     return seen
 
 

@@ -17,6 +17,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from s3stream import _durable
 from s3stream.objectstore import (
     MemoryObjectStore,
     ObjectNotFoundError,
@@ -104,21 +105,12 @@ async def test_put_get_range_list_delete(store: ObjectStore) -> None:
     assert await store.list("wal/") == ["wal/0002"]
 
 
-async def test_put_parts_writes_the_parts_one_after_the_other(
-    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_put_parts_writes_the_parts_one_after_the_other(store: ObjectStore) -> None:
     """put_parts (the WAL's PUT) stores exactly the joined bytes: more parts than one writev
-    takes (IOV_MAX), empty parts, and writes that come back short."""
+    takes (IOV_MAX), empty parts, views (short writes: tests/unit/test_durable.py)."""
     parts: list[bytes | bytearray | memoryview] = [
         bytes([i % 251]) * (i % 7) for i in range(3000)]
     parts += [bytearray(b"tail"), memoryview(b"xyz")[1:], b""]
-    real_writev = os.writev
-
-    def short_writev(fd: int, buffers: Any) -> int:  # at most 1000 bytes per call
-        data = b"".join(bytes(b) for b in buffers)[:1000]
-        return real_writev(fd, [data])
-
-    monkeypatch.setattr(os, "writev", short_writev)
     await put_parts(store, "wal/parts", parts)
     assert await store.get("wal/parts") == b"".join(parts)
     await put_parts(store, "wal/none", [])
@@ -128,20 +120,21 @@ async def test_put_parts_writes_the_parts_one_after_the_other(
 async def test_file_store_drops_wal_pages_from_the_page_cache_once_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """put_parts (the WAL's PUT, whose chunks the WAL caches itself) drops the object's pages
-    after its fsync, never before; a plain put keeps them."""
-    calls: list[str] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "posix_fadvise",
-                        lambda fd, off, n, advice: calls.append(f"fadvise {off} {n} {advice}"))
+    """put_parts (the WAL's PUT, whose chunks the WAL caches itself) has the durable write
+    drop the object's pages (after its fsync: tests/unit/test_durable.py); a plain put keeps
+    them."""
+    calls: list[tuple[str, bool]] = []
+    real_put = _durable.put
+
+    def put(tmp: Path, final: Path, directory: Path, parts: Any, drop: bool) -> None:
+        calls.append((final.name, drop))
+        real_put(tmp, final, directory, parts, drop)
+
+    monkeypatch.setattr(_durable, "put", put)  # what the store calls
     store = open_object_store((tmp_path / "objs").as_uri())
     await store.put("stream/1", b"kept")
-    assert not [c for c in calls if c.startswith("fadvise")]
-    calls.clear()
     await put_parts(store, "wal/1", [b"dro", b"pped"])
-    drop = f"fadvise 0 0 {os.POSIX_FADV_DONTNEED}"
-    assert calls.count(drop) == 1 and calls[calls.index(drop) - 1] == "fsync"  # the file's
+    assert calls == [("1", False), ("1", True)]
     assert await store.get("wal/1") == b"dropped" and await store.get("stream/1") == b"kept"
 
 

@@ -1,0 +1,173 @@
+"""s3stream/_durable.c, the file store's durable write, seen from the outside: the system
+calls it makes, in order (strace), what it writes, the errors it reports and what they leave,
+and that it holds no GIL while it waits for the disk. What must hold: an object is written
+whole, fsynced (its pages dropped only after that, when asked), renamed, and its directory
+fsynced, in that order; a failure at any step raises OSError naming the path of that step
+and never leaves an object under its final name before its data was fsynced; other Python
+threads run while it waits."""
+
+from __future__ import annotations
+
+import array
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from s3stream import _durable
+
+STRACE = shutil.which("strace")
+needs_strace = pytest.mark.skipif(
+    STRACE is None and not os.environ.get("CI"), reason="needs strace (./dev installs it)")
+
+
+def _traced(code: str, tmp_path: Path, *inject: str) -> tuple[str, list[str]]:
+    """Run `code` in a child Python under strace (with `inject` rules); its stdout and the
+    file-related system calls it made on paths under tmp_path or their descriptors."""
+    assert STRACE is not None, "strace is missing (CI installs it: ./dev setup_system)"
+    log = tmp_path / "strace.log"
+    argv = [STRACE, "-f", "-qq", "-o", str(log), "-e",
+            "trace=openat,writev,fsync,fadvise64,close,rename"]
+    for rule in inject:
+        argv += ["-e", f"inject={rule}"]
+    # no bytecode written by the child: its renames would meet the injected faults first
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([*argv, sys.executable, "-c", textwrap.dedent(code)],
+                         capture_output=True, text=True, timeout=60, check=False, env=env)
+    lines = log.read_text().splitlines()
+    # from the first open of the object's temporary file on: the call under test
+    start = next(i for i, line in enumerate(lines) if "obj.tmp" in line and "openat" in line)
+    calls = [re.sub(r"^\d+\s+", "", line) for line in lines[start:]]
+    return out.stdout, calls
+
+
+PUT = """
+    import json
+    from s3stream import _durable
+    d = {d!r}
+    try:
+        _durable.put(d + "/obj.tmp", d + "/obj", d, [b"ab", bytearray(b"cd"), b""], {drop})
+    except OSError as e:
+        print(json.dumps({{"errno": e.errno, "filename": e.filename}}))
+    else:
+        print(json.dumps({{"ok": open(d + "/obj", "rb").read().decode()}}))
+"""
+
+
+def _names(calls: list[str]) -> list[str]:
+    return [c.split("(", 1)[0] for c in calls if not c.startswith(("+++", "---"))]
+
+
+@needs_strace
+@pytest.mark.parametrize("drop", [False, True])
+def test_put_writes_fsyncs_renames_and_fsyncs_the_directory_in_that_order(
+    tmp_path: Path, drop: bool
+) -> None:
+    out, calls = _traced(PUT.format(d=str(tmp_path), drop=drop), tmp_path)
+    assert json.loads(out) == {"ok": "abcd"}
+    expected = ["openat", "writev", "fsync", *(["fadvise64"] if drop else []), "close",
+                "rename", "openat", "fsync", "close"]
+    assert _names(calls)[: len(expected)] == expected, calls
+    assert "O_CREAT" in calls[0] and "O_TRUNC" in calls[0]
+    if drop:  # after the fsync: dirty pages are not dropped
+        assert "POSIX_FADV_DONTNEED" in calls[3]
+    assert f'rename("{tmp_path}/obj.tmp", "{tmp_path}/obj")' in calls[len(expected) - 4]
+    opened_dir = calls[len(expected) - 3]
+    assert f'"{tmp_path}"' in opened_dir and "O_DIRECTORY" in opened_dir, opened_dir
+
+
+@needs_strace
+@pytest.mark.parametrize(
+    ("rule", "failed", "renamed"),
+    [
+        ("writev:error=ENOSPC", "obj.tmp", False),
+        ("fsync:error=EIO:when=1", "obj.tmp", False),  # the file's
+        ("rename:error=EXDEV", "obj", False),
+        ("fsync:error=EIO:when=2", "", True),  # the directory's (its path is tmp_path)
+    ],
+)
+def test_a_failed_step_raises_with_its_path_and_the_object_is_not_there_before_durable(
+    tmp_path: Path, rule: str, failed: str, renamed: bool
+) -> None:
+    """Each step's failure surfaces as OSError naming that step's path (file, final name or
+    directory). Before the rename, nothing is under the final name; a failure of the
+    directory's fsync comes after it (the caller then does not acknowledge the object)."""
+    out, _calls = _traced(PUT.format(d=str(tmp_path), drop=True), tmp_path, rule)
+    result = json.loads(out)
+    expected_errno = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EXDEV": errno.EXDEV}
+    assert result["errno"] == expected_errno[rule.split("error=")[1].split(":")[0]], result
+    assert result["filename"] == str(tmp_path / failed) if failed else str(tmp_path)
+    assert (tmp_path / "obj").exists() == renamed
+
+
+def test_put_joins_any_number_of_parts_of_any_buffer_kind(tmp_path: Path) -> None:
+    """More parts than one writev takes (IOV_MAX, 1024), empty ones, bytearrays, sliced
+    views and a view whose items are not bytes: written one after the other, as bytes."""
+    parts: list[bytes | bytearray | memoryview] = [
+        bytes([i % 251]) * (i % 7) for i in range(3000)]
+    ints = array.array("I", [1, 2, 3])
+    parts += [bytearray(b"tail"), memoryview(b"xyz")[1:], memoryview(ints), b""]
+    _durable.put(tmp_path / "a.tmp", tmp_path / "a", tmp_path, parts, False)
+    assert (tmp_path / "a").read_bytes() == b"".join(bytes(p) for p in parts)
+    assert not (tmp_path / "a.tmp").exists()
+    _durable.put(str(tmp_path / "b.tmp"), str(tmp_path / "b"), str(tmp_path), [], True)
+    assert (tmp_path / "b").read_bytes() == b""
+    (tmp_path / "c").write_bytes(b"an older, longer object")  # replaced whole
+    _durable.put(tmp_path / "c.tmp", tmp_path / "c", tmp_path, [b"new"], False)
+    assert (tmp_path / "c").read_bytes() == b"new"
+
+
+def test_bad_arguments_write_nothing(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        _durable.put(tmp_path / "a.tmp", tmp_path / "a", tmp_path, [b"x", 42], False)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _durable.put(tmp_path / "a.tmp", tmp_path / "a", tmp_path, 42, False)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # a path with a NUL byte: refused before any system call
+        _durable.put(f"{tmp_path}/a\0.tmp", tmp_path / "a", tmp_path, [b"x"], False)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError) as e:  # the temporary file's directory is missing
+        _durable.put(tmp_path / "no" / "a.tmp", tmp_path / "no" / "a", tmp_path / "no",
+                     [b"x"], False)
+    assert e.value.filename == tmp_path / "no" / "a.tmp"
+
+
+@needs_strace
+def test_other_threads_run_while_it_waits_for_the_disk(tmp_path: Path) -> None:
+    """The file's fsync made to take 300 ms (strace delays it): a Python thread counting
+    meanwhile keeps counting (it would stop were the GIL held)."""
+    code = f"""
+        import json, threading, time
+        from s3stream import _durable
+        d = {str(tmp_path)!r}
+        counts = [0]
+        stop = False
+        def count():
+            while not stop:
+                counts[0] += 1
+        t = threading.Thread(target=count)
+        t.start()
+        time.sleep(0.05)
+        first = counts[0]
+        time.sleep(0.1)  # the thread alone: its pace
+        pace = (counts[0] - first) / 0.1
+        before = counts[0]
+        began = time.monotonic()
+        _durable.put(d + "/obj.tmp", d + "/obj", d, [b"x" * 4096], False)
+        took = time.monotonic() - began
+        during = counts[0] - before
+        stop = True
+        t.join()
+        print(json.dumps({{"took": took, "during": during, "pace": pace}}))
+    """
+    out, _calls = _traced(code, tmp_path, "fsync:delay_enter=300000:when=1")
+    result = json.loads(out)
+    assert result["took"] >= 0.25, result  # the delay applied
+    # counting for at least half of those 300 ms (with the GIL held: a switch interval or two)
+    assert result["during"] > 0.15 * result["pace"], result
