@@ -12,7 +12,17 @@ one call (issue 17, benchmarks/README.md).
 The buffers are held (their exporters pinned) for the duration of the call; nothing is
 copied. On failure an OSError carries errno and the path of the step that failed; the
 temporary file is then left as it is, as before (the store's caller never reads it: an
-object exists under its final name or not at all). */
+object exists under its final name or not at all).
+
+Writer() does the same writes on a thread of its own that never takes the GIL, one after the
+other in the order submitted: submit(...) queues one and returns its id at once; the thread
+writes an 8-byte count to an eventfd (fileno()) after each, and completed() hands back the
+finished ones as (id, errno or 0, path of the failed step or None), releasing their buffers.
+An event loop watches the eventfd (s3stream.objectstore): a write then costs the loop's
+thread no GIL hand-over at all, where a worker thread of Python's took the GIL twice (to
+start, and to hand the result back), each time waiting for the busy loop to let it go.
+close() lets the thread finish what was submitted, then stops it. The thread blocks every
+signal (they stay the main thread's). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,7 +30,12 @@ object exists under its final name or not at all). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -91,61 +106,294 @@ static int durable_write(const char *tmp, const char *final, const char *dir,
     return fsync_dir(dir);
 }
 
-static PyObject *put(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *tmp_o, *final_o, *dir_o, *parts; /* the paths as given: for errors */
-    PyObject *tmp = NULL, *final = NULL, *dir = NULL, *fast = NULL, *result = NULL;
-    Py_buffer *views = NULL;
-    struct iovec *iov = NULL;
-    Py_ssize_t n = 0, held = 0;
+/* One write's arguments, taken from Python (buffers held, paths as bytes) until released. */
+typedef struct job {
+    struct job *next;
+    unsigned long long id;
+    PyObject *paths[3]; /* tmp, final, directory: as given (for errors) */
+    PyObject *bytes[3]; /* the same, encoded for the file system */
+    Py_buffer *views;
+    struct iovec *iov;
+    Py_ssize_t held; /* views taken */
     int drop_cached;
-    if (!PyArg_ParseTuple(args, "OOOOp", &tmp_o, &final_o, &dir_o, &parts, &drop_cached))
-        return NULL;
-    if (!PyUnicode_FSConverter(tmp_o, &tmp) || !PyUnicode_FSConverter(final_o, &final) ||
-        !PyUnicode_FSConverter(dir_o, &dir))
-        goto done;
+    int err;
+    enum step step;
+} job;
+
+static void job_free(job *j) {
+    for (Py_ssize_t i = 0; i < j->held; i++)
+        PyBuffer_Release(&j->views[i]);
+    PyMem_Free(j->views);
+    PyMem_Free(j->iov);
+    for (int i = 0; i < 3; i++) {
+        Py_XDECREF(j->paths[i]);
+        Py_XDECREF(j->bytes[i]);
+    }
+    PyMem_Free(j);
+}
+
+/* The arguments (tmp, final, directory, parts, drop_cached) as a job, or NULL with an
+   exception set. */
+static job *job_new(PyObject *args) {
+    PyObject *parts, *fast = NULL;
+    job *j = PyMem_Calloc(1, sizeof(job));
+    if (j == NULL)
+        return (job *)PyErr_NoMemory();
+    if (!PyArg_ParseTuple(args, "OOOOp", &j->paths[0], &j->paths[1], &j->paths[2], &parts,
+                          &j->drop_cached)) {
+        j->paths[0] = j->paths[1] = j->paths[2] = NULL; /* borrowed: not ours to release */
+        goto fail;
+    }
+    for (int i = 0; i < 3; i++)
+        Py_INCREF(j->paths[i]);
+    for (int i = 0; i < 3; i++)
+        if (!PyUnicode_FSConverter(j->paths[i], &j->bytes[i]))
+            goto fail;
     fast = PySequence_Fast(parts, "parts must be a sequence of buffers");
     if (fast == NULL)
-        goto done;
-    n = PySequence_Fast_GET_SIZE(fast);
-    views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    iov = PyMem_Calloc(n ? (size_t)n : 1, sizeof(struct iovec));
-    if (views == NULL || iov == NULL) {
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    j->views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
+    j->iov = PyMem_Calloc(n ? (size_t)n : 1, sizeof(struct iovec));
+    if (j->views == NULL || j->iov == NULL) {
         PyErr_NoMemory();
-        goto done;
+        goto fail;
     }
-    for (; held < n; held++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, held), &views[held],
-                               PyBUF_SIMPLE) < 0)
-            goto done;
-        iov[held].iov_base = views[held].buf;
-        iov[held].iov_len = (size_t)views[held].len;
+    for (; j->held < n; j->held++) {
+        Py_buffer *v = &j->views[j->held];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, j->held), v, PyBUF_SIMPLE) < 0)
+            goto fail;
+        j->iov[j->held].iov_base = v->buf;
+        j->iov[j->held].iov_len = (size_t)v->len;
     }
-    const char *tmp_s = PyBytes_AS_STRING(tmp), *final_s = PyBytes_AS_STRING(final),
-               *dir_s = PyBytes_AS_STRING(dir);
-    enum step step = STEP_NONE;
-    int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = durable_write(tmp_s, final_s, dir_s, iov, n, drop_cached, &step);
-    Py_END_ALLOW_THREADS
-    if (err) {
-        errno = err;
-        PyObject *where = step == STEP_DIR ? dir_o : (step == STEP_FINAL ? final_o : tmp_o);
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, where);
-        goto done;
-    }
-    result = Py_NewRef(Py_None);
-done:
-    for (Py_ssize_t i = 0; i < held; i++)
-        PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
-    PyMem_Free(iov);
+    Py_DECREF(fast);
+    return j;
+fail:
     Py_XDECREF(fast);
-    Py_XDECREF(tmp);
-    Py_XDECREF(final);
-    Py_XDECREF(dir);
+    job_free(j);
+    return NULL;
+}
+
+static void job_run(job *j) {
+    j->err = durable_write(PyBytes_AS_STRING(j->bytes[0]), PyBytes_AS_STRING(j->bytes[1]),
+                           PyBytes_AS_STRING(j->bytes[2]), j->iov, j->held, j->drop_cached,
+                           &j->step);
+}
+
+/* The path of the step that failed (a new reference), or None. */
+static PyObject *job_failed_path(job *j) {
+    if (!j->err)
+        Py_RETURN_NONE;
+    PyObject *p = j->paths[j->step == STEP_DIR ? 2 : (j->step == STEP_FINAL ? 1 : 0)];
+    return Py_NewRef(p);
+}
+
+static PyObject *put(PyObject *self, PyObject *args) {
+    (void)self;
+    job *j = job_new(args);
+    if (j == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    job_run(j);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (j->err) {
+        PyObject *where = job_failed_path(j);
+        errno = j->err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, where);
+        Py_DECREF(where);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+    job_free(j);
     return result;
 }
+
+/* -- Writer: the writes on a thread of their own ---------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    job *todo, *todo_tail; /* submitted, not yet written */
+    job *done, *done_tail; /* written, not yet collected */
+    int efd;
+    int started, closing;
+    pthread_t thread;
+    unsigned long long next_id;
+} Writer;
+
+static void *writer_run(void *arg) {
+    Writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->todo == NULL && !w->closing)
+            pthread_cond_wait(&w->cv, &w->mu);
+        job *j = w->todo;
+        if (j == NULL) /* closing, and everything submitted written */
+            break;
+        w->todo = j->next;
+        if (w->todo == NULL)
+            w->todo_tail = NULL;
+        pthread_mutex_unlock(&w->mu);
+        job_run(j); /* no GIL: only the job's own memory, which nobody else touches now */
+        pthread_mutex_lock(&w->mu);
+        j->next = NULL;
+        if (w->done_tail)
+            w->done_tail->next = j;
+        else
+            w->done = j;
+        w->done_tail = j;
+        uint64_t one = 1;
+        ssize_t r;
+        do /* cannot overflow: completed() reads it down before taking the list */
+            r = write(w->efd, &one, sizeof one);
+        while (r < 0 && errno == EINTR);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Writer() takes no arguments");
+        return NULL;
+    }
+    Writer *w = (Writer *)type->tp_alloc(type, 0);
+    if (w == NULL)
+        return NULL;
+    w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(w);
+        return NULL;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    return (PyObject *)w;
+}
+
+/* Stop the thread once it has written everything submitted (without the GIL meanwhile). */
+static void writer_stop(Writer *w) {
+    pthread_mutex_lock(&w->mu);
+    w->closing = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (w->started) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(w->thread, NULL);
+        Py_END_ALLOW_THREADS
+        w->started = 0;
+    }
+}
+
+static void Writer_dealloc(Writer *w) {
+    if (w->efd >= 0) { /* fully made */
+        writer_stop(w);
+        for (job *j = w->done; j != NULL;) {
+            job *next = j->next;
+            job_free(j);
+            j = next;
+        }
+        close(w->efd);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+    }
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyObject *Writer_submit(Writer *w, PyObject *args) {
+    job *j = job_new(args);
+    if (j == NULL)
+        return NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->closing) {
+        pthread_mutex_unlock(&w->mu);
+        job_free(j);
+        PyErr_SetString(PyExc_ValueError, "the writer is closed");
+        return NULL;
+    }
+    if (!w->started) { /* the thread blocks every signal: they stay the main thread's */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int err = pthread_create(&w->thread, NULL, writer_run, w);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (err) {
+            pthread_mutex_unlock(&w->mu);
+            job_free(j);
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        w->started = 1;
+    }
+    j->id = ++w->next_id;
+    if (w->todo_tail)
+        w->todo_tail->next = j;
+    else
+        w->todo = j;
+    w->todo_tail = j;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return PyLong_FromUnsignedLongLong(j->id);
+}
+
+static PyObject *Writer_completed(Writer *w, PyObject *Py_UNUSED(ignored)) {
+    /* the count first, then the list: a write finished in between counts again */
+    uint64_t count;
+    while (read(w->efd, &count, sizeof count) < 0 && errno == EINTR)
+        ;
+    pthread_mutex_lock(&w->mu);
+    job *j = w->done;
+    w->done = w->done_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    PyObject *out = PyList_New(0);
+    for (; j != NULL;) {
+        job *next = j->next;
+        if (out != NULL) {
+            PyObject *path = job_failed_path(j);
+            PyObject *item = Py_BuildValue("(KiN)", j->id, j->err, path);
+            if (item == NULL || PyList_Append(out, item) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(item);
+        }
+        job_free(j);
+        j = next;
+    }
+    return out;
+}
+
+static PyObject *Writer_fileno(Writer *w, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(w->efd);
+}
+
+static PyObject *Writer_close(Writer *w, PyObject *Py_UNUSED(ignored)) {
+    writer_stop(w);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef writer_methods[] = {
+    {"submit", (PyCFunction)Writer_submit, METH_VARARGS,
+     "submit(tmp, final, directory, parts, drop_cached) -> id: queue a write as put() does it"},
+    {"completed", (PyCFunction)Writer_completed, METH_NOARGS,
+     "completed() -> [(id, errno or 0, path of the failed step or None)]"},
+    {"fileno", (PyCFunction)Writer_fileno, METH_NOARGS,
+     "fileno() -> the eventfd readable once a write has finished"},
+    {"close", (PyCFunction)Writer_close, METH_NOARGS,
+     "close(): write what was submitted, then stop the thread"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "s3stream._durable.Writer",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Durable writes on a thread that never takes the GIL (see the module's comment).",
+    .tp_new = Writer_new,
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_methods = writer_methods,
+};
 
 static PyMethodDef methods[] = {
     {"put", put, METH_VARARGS,
@@ -159,4 +407,15 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__durable(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__durable(void) {
+    if (PyType_Ready(&WriterType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -13,3 +13,26 @@ def put(
     """Write `parts` to `tmp`, fsync it (its pages then dropped from the page cache with
     `drop_cached`), rename it to `final`, fsync `directory`; without the GIL. OSError with
     the path of the step that failed."""
+
+class Writer:
+    """put's writes on a thread of its own that never takes the GIL, in the order submitted."""
+
+    def submit(
+        self,
+        tmp: str | PathLike[str],
+        final: str | PathLike[str],
+        directory: str | PathLike[str],
+        parts: Sequence[bytes | bytearray | memoryview],
+        drop_cached: bool,
+    ) -> int:
+        """Queue a write; its id (ValueError once closed)."""
+
+    def completed(self) -> list[tuple[int, int, str | PathLike[str] | None]]:
+        """The writes finished since the last call: (id, errno or 0, the path of the step
+        that failed or None); their buffers released."""
+
+    def fileno(self) -> int:
+        """An eventfd, readable once a write has finished."""
+
+    def close(self) -> None:
+        """Write what was submitted, then stop the thread (waits for it)."""

@@ -11,42 +11,13 @@ from __future__ import annotations
 import array
 import errno
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-import textwrap
+import select
 from pathlib import Path
 
 import pytest
 
 from s3stream import _durable
-
-STRACE = shutil.which("strace")
-needs_strace = pytest.mark.skipif(
-    STRACE is None and not os.environ.get("CI"), reason="needs strace (./dev installs it)")
-
-
-def _traced(code: str, tmp_path: Path, *inject: str) -> tuple[str, list[str]]:
-    """Run `code` in a child Python under strace (with `inject` rules); its stdout and the
-    file-related system calls it made on paths under tmp_path or their descriptors."""
-    assert STRACE is not None, "strace is missing (CI installs it: ./dev setup_system)"
-    log = tmp_path / "strace.log"
-    argv = [STRACE, "-f", "-qq", "-o", str(log), "-e",
-            "trace=openat,writev,fsync,fadvise64,close,rename"]
-    for rule in inject:
-        argv += ["-e", f"inject={rule}"]
-    # no bytecode written by the child: its renames would meet the injected faults first
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([*argv, sys.executable, "-c", textwrap.dedent(code)],
-                         capture_output=True, text=True, timeout=60, check=False, env=env)
-    lines = log.read_text().splitlines()
-    # from the first open of the object's temporary file on: the call under test
-    start = next(i for i, line in enumerate(lines) if "obj.tmp" in line and "openat" in line)
-    calls = [re.sub(r"^\d+\s+", "", line) for line in lines[start:]]
-    return out.stdout, calls
-
+from tests.strace import names, needs_strace, traced
 
 PUT = """
     import json
@@ -61,20 +32,16 @@ PUT = """
 """
 
 
-def _names(calls: list[str]) -> list[str]:
-    return [c.split("(", 1)[0] for c in calls if not c.startswith(("+++", "---"))]
-
-
 @needs_strace
 @pytest.mark.parametrize("drop", [False, True])
 def test_put_writes_fsyncs_renames_and_fsyncs_the_directory_in_that_order(
     tmp_path: Path, drop: bool
 ) -> None:
-    out, calls = _traced(PUT.format(d=str(tmp_path), drop=drop), tmp_path)
+    out, calls = traced(PUT.format(d=str(tmp_path), drop=drop), tmp_path, "obj.tmp")
     assert json.loads(out) == {"ok": "abcd"}
     expected = ["openat", "writev", "fsync", *(["fadvise64"] if drop else []), "close",
                 "rename", "openat", "fsync", "close"]
-    assert _names(calls)[: len(expected)] == expected, calls
+    assert names(calls)[: len(expected)] == expected, calls
     assert "O_CREAT" in calls[0] and "O_TRUNC" in calls[0]
     if drop:  # after the fsync: dirty pages are not dropped
         assert "POSIX_FADV_DONTNEED" in calls[3]
@@ -99,7 +66,7 @@ def test_a_failed_step_raises_with_its_path_and_the_object_is_not_there_before_d
     """Each step's failure surfaces as OSError naming that step's path (file, final name or
     directory). Before the rename, nothing is under the final name; a failure of the
     directory's fsync comes after it (the caller then does not acknowledge the object)."""
-    out, _calls = _traced(PUT.format(d=str(tmp_path), drop=True), tmp_path, rule)
+    out, _calls = traced(PUT.format(d=str(tmp_path), drop=True), tmp_path, "obj.tmp", rule)
     result = json.loads(out)
     expected_errno = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EXDEV": errno.EXDEV}
     assert result["errno"] == expected_errno[rule.split("error=")[1].split(":")[0]], result
@@ -166,8 +133,59 @@ def test_other_threads_run_while_it_waits_for_the_disk(tmp_path: Path) -> None:
         t.join()
         print(json.dumps({{"took": took, "during": during, "pace": pace}}))
     """
-    out, _calls = _traced(code, tmp_path, "fsync:delay_enter=300000:when=1")
+    out, _calls = traced(code, tmp_path, "obj.tmp", "fsync:delay_enter=300000:when=1")
     result = json.loads(out)
     assert result["took"] >= 0.25, result  # the delay applied
     # counting for at least half of those 300 ms (with the GIL held: a switch interval or two)
     assert result["during"] > 0.15 * result["pace"], result
+
+
+def _collect(writer: _durable.Writer, count: int) -> list[tuple[int, int, object]]:
+    """Wait (bounded) on the writer's eventfd until `count` writes are reported."""
+    out: list[tuple[int, int, object]] = []
+    for _ in range(200):
+        if len(out) >= count:
+            break
+        select.select([writer.fileno()], [], [], 0.05)
+        out += writer.completed()
+    return out
+
+
+def test_the_writer_writes_in_order_and_holds_the_buffers_until_collected(
+    tmp_path: Path,
+) -> None:
+    """Writes finish in the order submitted, each reported once with its id; a failed one
+    names the path that failed and does not stop the ones after it; a buffer cannot change
+    size until its write is collected (its exporter is held, nothing was copied)."""
+    writer = _durable.Writer()
+    held = bytearray(b"held")
+    ids = [writer.submit(tmp_path / "a.tmp", tmp_path / "a", tmp_path, [held, b"!"], True),
+           writer.submit(tmp_path / "no" / "b.tmp", tmp_path / "no" / "b", tmp_path / "no",
+                         [b"x"], False),
+           writer.submit(tmp_path / "c.tmp", tmp_path / "c", tmp_path, [b"c"], False)]
+    assert ids == sorted(set(ids))
+    select.select([writer.fileno()], [], [], 5)
+    with pytest.raises(BufferError):  # written or not, not collected: still held
+        held.extend(b"more")
+    done = _collect(writer, 3)
+    assert [d[0] for d in done] == ids
+    assert done[0][1:] == (0, None) and done[2][1:] == (0, None)
+    assert done[1][1] == errno.ENOENT and done[1][2] == tmp_path / "no" / "b.tmp"
+    held.extend(b"more")  # released once collected
+    assert (tmp_path / "a").read_bytes() == b"held!" and (tmp_path / "c").read_bytes() == b"c"
+    assert writer.completed() == []
+    writer.close()
+
+
+def test_closing_the_writer_finishes_what_was_submitted(tmp_path: Path) -> None:
+    writer = _durable.Writer()
+    for i in range(20):
+        writer.submit(tmp_path / f"{i}.tmp", tmp_path / str(i), tmp_path, [b"x" * i], False)
+    writer.close()  # waits for the thread, which writes all twenty first
+    assert sorted(int(p.name) for p in tmp_path.iterdir()) == list(range(20))
+    assert len(writer.completed()) == 20
+    with pytest.raises(ValueError):
+        writer.submit(tmp_path / "late.tmp", tmp_path / "late", tmp_path, [b"x"], False)
+    writer.close()  # again: nothing to do
+    with pytest.raises(TypeError):
+        _durable.Writer(1)  # type: ignore[call-arg]

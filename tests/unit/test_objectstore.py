@@ -4,6 +4,7 @@ layer."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -17,8 +18,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from s3stream import _durable
 from s3stream.objectstore import (
+    LocalDirObjectStore,
     MemoryObjectStore,
     ObjectNotFoundError,
     ObjectStore,
@@ -42,6 +43,7 @@ from tests.s3server import (
     moto_s3,
     stalled_endpoint,
 )
+from tests.strace import names, needs_strace, traced
 
 BUCKET = "floe-unit"
 MiB = 1024 * 1024
@@ -117,25 +119,88 @@ async def test_put_parts_writes_the_parts_one_after_the_other(store: ObjectStore
     assert await store.get("wal/none") == b""
 
 
-async def test_file_store_drops_wal_pages_from_the_page_cache_once_durable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@needs_strace
+def test_file_store_drops_wal_pages_from_the_page_cache_once_durable(tmp_path: Path) -> None:
+    """put_parts (the WAL's PUT, whose chunks the WAL caches itself, written by the event
+    loop's writer thread) drops the object's pages after its fsync, never before; a plain
+    put keeps them. Both write, fsync, rename, then fsync the directory."""
+    code = f"""
+        import asyncio
+        from pathlib import Path
+        from s3stream.objectstore import LocalDirObjectStore, put_parts
+
+        async def main():
+            store = LocalDirObjectStore(Path({str(tmp_path / "objs")!r}))
+            await store.put("stream/1", b"kept")
+            await put_parts(store, "wal/1", [b"dro", b"pped"])
+            print(await store.get("wal/1"), await store.get("stream/1"))
+            await store.close()
+
+        asyncio.run(main())
+    """
+    out, calls = traced(code, tmp_path, "stream/1.tmp")
+    assert out.split() == ["b'dropped'", "b'kept'"]
+    called = names(calls)
+    kept = called[: called.index("rename")]
+    assert "fadvise64" not in kept and "fsync" in kept
+    wal = next(i for i, c in enumerate(calls) if "wal/1.tmp" in c and c.startswith("openat"))
+    after = names(calls[wal:])
+    assert after[:6] == ["openat", "writev", "fsync", "fadvise64", "close", "rename"], calls[wal:]
+    assert "POSIX_FADV_DONTNEED" in calls[wal + 3]
+
+
+async def test_wal_writes_from_another_event_loop_and_after_the_loop_closed(
+    tmp_path: Path,
 ) -> None:
-    """put_parts (the WAL's PUT, whose chunks the WAL caches itself) has the durable write
-    drop the object's pages (after its fsync: tests/unit/test_durable.py); a plain put keeps
-    them."""
-    calls: list[tuple[str, bool]] = []
-    real_put = _durable.put
+    """The writer belongs to the loop that wrote first; a put_parts from another loop (here
+    a thread's) is written all the same, by a worker thread; once the writer's loop is
+    closed, the next loop gets a writer of its own. Failures are the OSError of the step."""
+    store = LocalDirObjectStore(tmp_path / "objs")
+    await put_parts(store, "wal/1", [b"one"])
 
-    def put(tmp: Path, final: Path, directory: Path, parts: Any, drop: bool) -> None:
-        calls.append((final.name, drop))
-        real_put(tmp, final, directory, parts, drop)
+    def elsewhere() -> None:
+        asyncio.run(put_parts(store, "wal/2", [b"two"]))
 
-    monkeypatch.setattr(_durable, "put", put)  # what the store calls
-    store = open_object_store((tmp_path / "objs").as_uri())
-    await store.put("stream/1", b"kept")
-    await put_parts(store, "wal/1", [b"dro", b"pped"])
-    assert calls == [("1", False), ("1", True)]
-    assert await store.get("wal/1") == b"dropped" and await store.get("stream/1") == b"kept"
+    await asyncio.to_thread(elsewhere)
+    assert await store.get("wal/1") == b"one" and await store.get("wal/2") == b"two"
+    (tmp_path / "objs" / "bad").write_bytes(b"a file where a directory should be")
+    with pytest.raises(NotADirectoryError) as e:
+        await put_parts(store, "bad/3", [b"x"])
+    assert e.value.filename == tmp_path / "objs" / "bad" / "3.tmp"
+    await put_parts(store, "wal/4", [b"four"])  # the writer goes on after a failure
+
+    def later() -> None:  # this loop closes first; the store's writer was the test's loop's
+        asyncio.run(put_parts(store, "wal/5", [b"five"]))
+
+    await asyncio.to_thread(later)
+    await store.close()
+    assert await store.list("wal/") == ["wal/1", "wal/2", "wal/4", "wal/5"]
+    await put_parts(store, "wal/6", [b"six"])  # after close: a new writer
+    assert await store.get("wal/6") == b"six"
+    await store.close()
+
+
+def test_a_new_loop_gets_a_new_writer_once_the_old_one_is_closed(tmp_path: Path) -> None:
+    store = LocalDirObjectStore(tmp_path / "objs")
+    for i in range(3):  # three loops, one after the other, never closing the store
+        asyncio.run(put_parts(store, f"wal/{i}", [bytes([i])]))
+    assert asyncio.run(store.list("wal/")) == ["wal/0", "wal/1", "wal/2"]
+    asyncio.run(store.close())
+
+
+async def test_a_cancelled_wal_write_still_completes_and_the_next_ones_go_on(
+    tmp_path: Path,
+) -> None:
+    store = LocalDirObjectStore(tmp_path / "objs")
+    await put_parts(store, "wal/0", [b"0"])  # wal/ made: the next write goes straight in
+    task = asyncio.create_task(put_parts(store, "wal/1", [b"x" * (1 << 20)]))
+    await asyncio.sleep(0)  # submitted: the task waits for its outcome
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await put_parts(store, "wal/2", [b"y"])  # written after wal/1 (one thread, in order)
+    assert await store.get("wal/1") == b"x" * (1 << 20) and await store.get("wal/2") == b"y"
+    await store.close()
 
 
 async def test_range_reads(store: ObjectStore) -> None:
