@@ -210,16 +210,11 @@ class LocalDirObjectStore:
                 self._durable_dirs.add(p)
 
     def _put(self, key: str, data: bytes | memoryview) -> None:
-        self._put_parts(key, (data,))
-
-    def _put_parts(self, key: str, data: Sequence[Buffer], drop_cached: bool = False) -> None:
-        """Write the object made of `data`'s parts, one after the other; with `drop_cached`,
-        its pages leave the page cache once fsynced (see `put_parts`)."""
         path = self._path(key)
         self._durable_dir(path.parent)
         # write, fsync, rename, fsync the directory: one call that holds no GIL (one Python
         # call per system call waited for the busy event loop's thread after each of them)
-        _durable.put(path.with_name(path.name + ".tmp"), path, path.parent, data, drop_cached)
+        _durable.put(path.with_name(path.name + ".tmp"), path, path.parent, (data,), False)
 
     def _get_range(self, key: str, start: int, length: int) -> bytes:
         try:
