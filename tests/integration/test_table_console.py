@@ -122,7 +122,9 @@ def test_console_shows_lag_dlq_and_freshness(tmp_path: Path) -> None:
 
         # resumed: every stage catches up; the metrics carry the stages
         assert cli(admin, "resume", "web")[0] == 0
-        st = wait_status(admin, "web", lambda s: all(
+        # both partitions listed: a writer that just started lists none yet (and all() of
+        # nothing is true), which let this pass before the writer had its partitions again
+        st = wait_status(admin, "web", lambda s: len(s["freshness"]["partitions"]) == 2 and all(
             f["ack_to_committed_seconds"] == 0 and f["committed_offset"] == f["acked_offset"]
             for f in s["freshness"]["partitions"]))
         assert st["freshness"]["last_commit_seconds"] > 0
