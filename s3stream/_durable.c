@@ -58,6 +58,8 @@ static int write_all(int fd, struct iovec *iov, Py_ssize_t n) {
                 continue;
             return errno;
         }
+        if (w == 0) /* nothing written of a non-empty buffer: not a loop to go round again */
+            return EIO;
         size_t left = (size_t)w;
         while (i < n && left >= iov[i].iov_len) { /* whole buffers written */
             left -= iov[i].iov_len;
