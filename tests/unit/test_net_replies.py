@@ -34,10 +34,11 @@ from kio.static.primitive import i16, i32, i32Timedelta
 from broker.handlers import BrokerContext
 from broker.handlers.api_versions import api_versions_response
 from broker.handlers.base import when_done
-from broker.net import KafkaConnection
+from broker.net import SMALL_FRAME, KafkaConnection
 from broker.protocol.codec import RequestHead
 from tests.rawclient import make_batch
 from tests.unit.test_apitypes import frame_of
+from tests.unit.test_net_framing import feed
 
 
 class _Transport:
@@ -166,8 +167,8 @@ async def test_when_done_with_nothing_to_wait_for_and_a_failing_finish() -> None
         await when_done([], 1.0, broken)
 
 
-def _produce_frame() -> bytes:
-    batch = bytes(make_batch([b"a", b"b", b"c"]))
+def _produce_frame(values: tuple[bytes, ...] = (b"a", b"b", b"c")) -> bytes:
+    batch = bytes(make_batch(list(values)))
     req = ProduceRequest(
         transactional_id=None,
         acks=i16(-1),
@@ -183,6 +184,31 @@ def _produce_frame() -> bytes:
     return len(frame).to_bytes(4, "big") + frame
 
 
+async def test_large_produce_requests_are_received_in_their_own_buffer(
+    ctx: BrokerContext,
+) -> None:
+    """A request larger than SMALL_FRAME is read straight into a buffer of its own, handed
+    to the decoder read-only (kio refuses a writable one: seen failing, every connection of
+    a full-speed producer closed): answered like any other, and small ones after it."""
+    conn = KafkaConnection(ctx, 8 << 20)
+    t = _Transport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    big = _produce_frame((b"x" * SMALL_FRAME, b"y" * 70000, b"z"))
+    small = _produce_frame()
+    assert len(big) > 2 * SMALL_FRAME
+    stream = big + small + big + big
+    feed(conn, stream[:10], 3)  # the prefix in pieces, then reads of a few KiB
+    feed(conn, stream[10:], 5000)
+    for _ in range(1000):
+        if sum(len(ids) for ids in _correlation_ids(t)) >= 4:
+            break
+        await asyncio.sleep(0)
+    assert not t.closed
+    assert sum(len(ids) for ids in _correlation_ids(t)) == 4
+    assert conn._big is None and conn._start == conn._end
+    conn.connection_lost(None)
+
+
 async def test_a_produce_round_trip_leaves_no_reference_cycle(ctx: BrokerContext) -> None:
     conn = KafkaConnection(ctx, 1 << 20)
     t = _Transport()
@@ -192,7 +218,7 @@ async def test_a_produce_round_trip_leaves_no_reference_cycle(ctx: BrokerContext
     async def produce(n: int) -> None:
         want = sum(len(ids) for ids in _correlation_ids(t)) + n
         for _ in range(n):
-            conn.data_received(frame)
+            feed(conn, frame)
         for _ in range(1000):
             if sum(len(ids) for ids in _correlation_ids(t)) >= want:
                 return
