@@ -1,16 +1,17 @@
 /* s3stream._durable: the file store's durable write as one call that holds no GIL.
 
 put(tmp, final, directory, parts, drop_cached) writes `parts` (objects with the buffer
-protocol, one after the other, writev without joining them) to `tmp`, fsyncs it, optionally
-drops its pages from the page cache, renames it to `final` and fsyncs `directory`: what
-s3stream.objectstore.LocalDirObjectStore did with one Python call per system call. Each of
-those calls gave the GIL up and had to take it back; with the event loop busy (a broker
-answering ~2,400 Produce requests a second) taking it back waited for the loop's thread, a
-few milliseconds each time: the write of a WAL object took 7 ms at the median, 3.3 ms as
-one call (issue 17, benchmarks/README.md).
+protocol, one after the other, writev without joining them) to `tmp`, fsyncs it, renames it
+to `final` and fsyncs `directory`; with drop_cached the object is kept out of the page cache
+(written around it, O_DIRECT, where the file system allows; else its pages dropped once
+durable). That is what s3stream.objectstore.LocalDirObjectStore did with one Python call
+per system call. Each of those calls gave the GIL up and had to take it back; with the event
+loop busy (a broker answering ~2,400 Produce requests a second) taking it back waited for
+the loop's thread, a few milliseconds each time: the write of a WAL object took 7 ms at the
+median, 3.3 ms as one call (issue 17, benchmarks/README.md).
 
-The buffers are held (their exporters pinned) for the duration of the call; nothing is
-copied. On failure an OSError carries errno and the path of the step that failed; the
+The buffers are held (their exporters pinned) for the duration of the call; they are copied
+only into the aligned staging buffer of a write around the page cache. On failure an OSError carries errno and the path of the step that failed; the
 temporary file is then left as it is, as before (the store's caller never reads it: an
 object exists under its final name or not at all).
 
@@ -75,6 +76,68 @@ static int write_all(int fd, struct iovec *iov, Py_ssize_t n) {
     return 0;
 }
 
+/* A write that bypasses the page cache (O_DIRECT) needs its memory, length and file offset
+   aligned to the device's blocks: the parts are copied into one aligned staging buffer (a
+   copy the kernel would otherwise make into the page cache, with the cache's bookkeeping,
+   its write-back and then the dropping of the pages on top, ~0.5 s of system CPU per GiB
+   against ~0.2 here; issue 17), padded with zeros to the block, written, and the file cut
+   back to its size. */
+#define DIRECT_ALIGN 4096
+#define STAGING_KEPT (16 << 20) /* a writer keeps its staging buffer up to this size */
+
+typedef struct {
+    char *buf;
+    size_t cap;
+} staging;
+
+static void staging_free(staging *s) {
+    free(s->buf);
+    s->buf = NULL;
+    s->cap = 0;
+}
+
+/* 0, an errno, or EINVAL when the file system does not take the write this way (the caller
+   then writes it through the page cache). */
+static int write_direct(int fd, struct iovec *iov, Py_ssize_t n, staging *s) {
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    size_t padded = (total + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+    if (padded == 0)
+        return 0;
+    if (s->cap < padded) {
+        staging_free(s);
+        void *p;
+        int err = posix_memalign(&p, DIRECT_ALIGN, padded);
+        if (err)
+            return err;
+        s->buf = p;
+        s->cap = padded;
+    }
+    char *at = s->buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (iov[i].iov_len)
+            memcpy(at, iov[i].iov_base, iov[i].iov_len);
+        at += iov[i].iov_len;
+    }
+    memset(at, 0, padded - total);
+    size_t off = 0;
+    while (off < padded) {
+        ssize_t w = pwrite(fd, s->buf + off, padded - off, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (w == 0 || w % DIRECT_ALIGN) /* the rest would be unaligned: through the cache */
+            return EINVAL;
+        off += (size_t)w;
+    }
+    if (padded != total && ftruncate(fd, (off_t)total) < 0)
+        return errno;
+    return 0;
+}
+
 static int fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -85,17 +148,40 @@ static int fsync_dir(const char *path) {
     return err;
 }
 
-/* The system calls, without the GIL; sets *step to where an error happened. */
+/* The system calls, without the GIL; sets *step to where an error happened. With
+   drop_cached the object is not to stay in the page cache: written around it (O_DIRECT)
+   where the file system takes that, else through it and its pages dropped once durable. */
 static int durable_write(const char *tmp, const char *final, const char *dir,
-                         struct iovec *iov, Py_ssize_t n, int drop_cached, enum step *step) {
+                         struct iovec *iov, Py_ssize_t n, int drop_cached, staging *s,
+                         enum step *step) {
     *step = STEP_TMP;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
+    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    int direct = drop_cached;
+    int fd = direct ? open(tmp, flags | O_DIRECT, 0644) : -1;
+    if (fd < 0 && direct && errno != EINVAL) /* EINVAL: no O_DIRECT here (tmpfs) */
         return errno;
-    int err = write_all(fd, iov, n);
+    if (fd < 0) {
+        direct = 0;
+        fd = open(tmp, flags, 0644);
+        if (fd < 0)
+            return errno;
+    }
+    int err = 0;
+    if (direct) {
+        err = write_direct(fd, iov, n, s);
+        if (err == EINVAL) { /* opened so, refused when written: through the cache after all */
+            direct = 0;
+            int fl = fcntl(fd, F_GETFL);
+            err = (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) < 0 || ftruncate(fd, 0) < 0)
+                      ? errno
+                      : 0;
+        }
+    }
+    if (!err && !direct)
+        err = write_all(fd, iov, n);
     if (!err && fsync(fd) < 0)
         err = errno;
-    if (!err && drop_cached) /* clean now: dropped at once (a hint; nothing fails without it) */
+    if (!err && drop_cached && !direct) /* clean now: dropped at once (a hint) */
         (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     if (close(fd) < 0 && !err)
         err = errno;
@@ -176,9 +262,9 @@ fail:
     return NULL;
 }
 
-static void job_run(job *j) {
+static void job_run(job *j, staging *s) {
     j->err = durable_write(PyBytes_AS_STRING(j->bytes[0]), PyBytes_AS_STRING(j->bytes[1]),
-                           PyBytes_AS_STRING(j->bytes[2]), j->iov, j->held, j->drop_cached,
+                           PyBytes_AS_STRING(j->bytes[2]), j->iov, j->held, j->drop_cached, s,
                            &j->step);
 }
 
@@ -195,8 +281,10 @@ static PyObject *put(PyObject *self, PyObject *args) {
     job *j = job_new(args);
     if (j == NULL)
         return NULL;
+    staging s = {NULL, 0};
     Py_BEGIN_ALLOW_THREADS
-    job_run(j);
+    job_run(j, &s);
+    staging_free(&s);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (j->err) {
@@ -223,6 +311,7 @@ typedef struct {
     int started, closing;
     pthread_t thread;
     unsigned long long next_id;
+    staging stage; /* the thread's own */
 } Writer;
 
 static void *writer_run(void *arg) {
@@ -238,7 +327,9 @@ static void *writer_run(void *arg) {
         if (w->todo == NULL)
             w->todo_tail = NULL;
         pthread_mutex_unlock(&w->mu);
-        job_run(j); /* no GIL: only the job's own memory, which nobody else touches now */
+        job_run(j, &w->stage); /* no GIL: only the job's and the thread's own memory */
+        if (w->stage.cap > STAGING_KEPT)
+            staging_free(&w->stage);
         pthread_mutex_lock(&w->mu);
         j->next = NULL;
         if (w->done_tail)
@@ -298,6 +389,7 @@ static void Writer_dealloc(Writer *w) {
             j = next;
         }
         close(w->efd);
+        staging_free(&w->stage);
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
     }

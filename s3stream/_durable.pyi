@@ -10,8 +10,9 @@ def put(
     parts: Sequence[bytes | bytearray | memoryview],
     drop_cached: bool,
 ) -> None:
-    """Write `parts` to `tmp`, fsync it (its pages then dropped from the page cache with
-    `drop_cached`), rename it to `final`, fsync `directory`; without the GIL. OSError with
+    """Write `parts` to `tmp`, fsync it (with `drop_cached`, kept out of the page cache:
+    written around it where the file system allows, else its pages dropped once durable),
+    rename it to `final`, fsync `directory`; without the GIL. OSError with
     the path of the step that failed."""
 
 class Writer:

@@ -16,16 +16,34 @@ import pytest
 
 STRACE = shutil.which("strace")
 needs_strace = pytest.mark.skipif(STRACE is None, reason="needs strace (./dev installs it)")
-CALLS = "trace=openat,writev,fsync,fadvise64,close,rename"
+CALLS = "trace=openat,writev,pwrite64,ftruncate,fcntl,fsync,fadvise64,close,rename"
 
 
-def traced(code: str, workdir: Path, start: str, *inject: str) -> tuple[str, list[str]]:
+def direct_io(directory: Path) -> bool:
+    """Whether files in `directory` can be opened O_DIRECT (tmpfs, for one, refuses): the
+    file store then writes the WAL around the page cache, else through it (_durable.c)."""
+    probe = directory / ".direct-io-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    probe.unlink()
+    return True
+
+
+def traced(
+    code: str, workdir: Path, start: str, *inject: str, only: Path | None = None
+) -> tuple[str, list[str]]:
     """Run `code` (dedented) in a child Python under strace, following its threads, with the
     `inject` rules; its stdout and the file calls of CALLS it made from the first `openat`
-    of a path containing `start` on (thread ids dropped)."""
+    of a path containing `start` on (thread ids dropped). With `only`, the calls (and the
+    injections: their `when` counts) are those on that path and its descriptors."""
     assert STRACE is not None, "strace is missing (./dev installs it)"
     log = workdir / "strace.log"
     argv = [STRACE, "-f", "-qq", "-o", str(log), "-e", CALLS]
+    if only is not None:
+        argv += ["-P", str(only)]
     for rule in inject:
         argv += ["-e", f"inject={rule}"]
     # no bytecode written by the child: its renames would meet the injected faults first

@@ -43,7 +43,7 @@ from tests.s3server import (
     moto_s3,
     stalled_endpoint,
 )
-from tests.strace import names, needs_strace, traced
+from tests.strace import direct_io, names, needs_strace, traced
 
 BUCKET = "floe-unit"
 MiB = 1024 * 1024
@@ -120,10 +120,11 @@ async def test_put_parts_writes_the_parts_one_after_the_other(store: ObjectStore
 
 
 @needs_strace
-def test_file_store_drops_wal_pages_from_the_page_cache_once_durable(tmp_path: Path) -> None:
+def test_file_store_keeps_wal_objects_out_of_the_page_cache(tmp_path: Path) -> None:
     """put_parts (the WAL's PUT, whose chunks the WAL caches itself, written by the event
-    loop's writer thread) drops the object's pages after its fsync, never before; a plain
-    put keeps them. Both write, fsync, rename, then fsync the directory."""
+    loop's writer thread) writes around the page cache (O_DIRECT) where the file system
+    allows, else drops the object's pages after its fsync, never before; a plain put keeps
+    them. Both write, fsync, rename, then fsync the directory."""
     code = f"""
         import asyncio
         from pathlib import Path
@@ -145,8 +146,14 @@ def test_file_store_drops_wal_pages_from_the_page_cache_once_durable(tmp_path: P
     assert "fadvise64" not in kept and "fsync" in kept
     wal = next(i for i, c in enumerate(calls) if "wal/1.tmp" in c and c.startswith("openat"))
     after = names(calls[wal:])
-    assert after[:6] == ["openat", "writev", "fsync", "fadvise64", "close", "rename"], calls[wal:]
-    assert "POSIX_FADV_DONTNEED" in calls[wal + 3]
+    if direct_io(tmp_path):
+        assert after[:6] == ["openat", "pwrite64", "ftruncate", "fsync", "close", "rename"], (
+            calls[wal:])
+        assert "O_DIRECT" in calls[wal]
+    else:
+        assert after[:7] == ["openat", "openat", "writev", "fsync", "fadvise64", "close",
+                             "rename"], calls[wal:]
+        assert "POSIX_FADV_DONTNEED" in calls[wal + 4]
 
 
 async def test_wal_writes_from_another_event_loop_and_after_the_loop_closed(
