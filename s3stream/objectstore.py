@@ -121,6 +121,11 @@ async def get_parts(
     return cut(await store.get_range(key, start, sum(lengths)), lengths)
 
 
+def _tmp(path: Path) -> Path:
+    """Where an object is written before its rename to `path` (the scan skips such names)."""
+    return path.with_name(path.name + ".tmp")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -214,7 +219,7 @@ class LocalDirObjectStore:
         self._durable_dir(path.parent)
         # write, fsync, rename, fsync the directory: one call that holds no GIL (one Python
         # call per system call waited for the busy event loop's thread after each of them)
-        _durable.put(path.with_name(path.name + ".tmp"), path, path.parent, (data,), False)
+        _durable.put(_tmp(path), path, path.parent, (data,), False)
 
     def _get_range(self, key: str, start: int, length: int) -> bytes:
         try:
@@ -261,7 +266,7 @@ class LocalDirObjectStore:
         path = self._path(key)
         if path.parent not in self._durable_dirs:  # a new directory: made durable first
             await asyncio.to_thread(self._durable_dir, path.parent)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = _tmp(path)
         writer = self._loop_writer()
         if writer is None:
             await asyncio.to_thread(_durable.put, tmp, path, path.parent, parts, True)
