@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import errno
 import json
+import os
 import re
 import select
 from pathlib import Path
@@ -238,3 +239,17 @@ def test_closing_the_writer_finishes_what_was_submitted(tmp_path: Path) -> None:
     writer.close()  # again: nothing to do
     with pytest.raises(TypeError):
         _durable.Writer(1)  # type: ignore[call-arg]
+
+
+def test_the_writers_thread_gives_way_to_the_event_loop(tmp_path: Path) -> None:
+    """The writer's thread is named (floe-wal-write, for top and py-spy) and scheduled
+    SCHED_BATCH: woken by a submit, it does not preempt the thread that woke it (the event
+    loop's). Seen failing without the policy (SCHED_OTHER, 0)."""
+    writer = _durable.Writer()
+    before = set(os.listdir("/proc/self/task"))
+    writer.submit(tmp_path / "a.tmp", tmp_path / "a", tmp_path, [b"x"], False)
+    assert len(_collect(writer, 1)) == 1
+    (tid,) = [int(t) for t in set(os.listdir("/proc/self/task")) - before]
+    assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "floe-wal-write"
+    assert os.sched_getscheduler(tid) == os.SCHED_BATCH
+    writer.close()
