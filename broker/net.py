@@ -129,11 +129,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
             # the next frame is likely large too: its size prefix alone first, so that its
             # bytes go straight into its own buffer rather than through this one
             return memoryview(self._buf)[self._end : self._end + 4]
-        if self._end == len(self._buf):  # full: what is not yet framed goes to the front
-            rest = bytes(memoryview(self._buf)[self._start : self._end])
-            self._buf[: len(rest)] = rest
-            self._start, self._end = 0, len(rest)
+        if self._end == len(self._buf):  # full (not expected after _frames): make room
+            self._to_front()
         return memoryview(self._buf)[self._end:]
+
+    def _to_front(self) -> None:
+        """Move what is not yet framed to the start of the receive buffer (a same-length
+        slice assignment: the transport may hold a view of the buffer, so no resize)."""
+        rest = self._buf[self._start : self._end]
+        self._buf[: len(rest)] = rest
+        self._start, self._end = 0, len(rest)
 
     def buffer_updated(self, nbytes: int) -> None:
         """`nbytes` more were written where `get_buffer` said: queue the frames now whole."""
@@ -179,14 +184,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 self._big, self._big_got = big, have
                 pos = end
             break
-        if pos == end:
-            pos = end = 0
-        elif len(self._buf) - pos < SMALL_FRAME + 4:  # room for the rest of a small frame
-            rest = bytes(view[pos:end])
-            self._buf[: len(rest)] = rest
-            pos, end = 0, len(rest)
         view.release()
-        self._start, self._end = pos, end
+        self._start, self._end = (0, 0) if pos == end else (pos, end)
+        if self._end and len(self._buf) - pos < SMALL_FRAME + 4:  # room for a small frame's rest
+            self._to_front()
         self._queued()
 
     def _queued(self) -> None:
