@@ -142,12 +142,14 @@ class GroupTable:
         m.join_ticket = ticket = next(self._tickets)
         g.protocol_type = protocol_type
         if g.state != PREPARING:
-            self._prepare_rebalance(g, now, out)
+            self._prepare_rebalance(g, now, out, f"JoinGroup from {member_id}")
         self._maybe_complete_join(g, now, out)
         return Wait(member_id, ticket, out)
 
-    def _prepare_rebalance(self, g: Group, now: float, out: list[Effect]) -> None:
+    def _prepare_rebalance(self, g: Group, now: float, out: list[Effect], why: str) -> None:
         initial = g.state == EMPTY
+        log.info("group %s: preparing to rebalance from %s, generation %d (%s)",
+                 g.group_id, g.state, g.generation, why)
         g.state = PREPARING
         for m in g.members.values():
             if m.sync_ticket is not None:
@@ -170,9 +172,11 @@ class GroupTable:
     def _complete_join(self, g: Group, now: float, out: list[Effect]) -> None:
         out.append(JoinTimer(g.group_id, None))
         for mid in [mid for mid, m in g.members.items() if m.join_ticket is None]:
+            log.info("group %s: member %s removed: did not rejoin in time", g.group_id, mid)
             g.remove(mid, ErrorCode.unknown_member_id, "did not rejoin", out)
         g.generation += 1
         if not g.members:
+            log.info("group %s: generation %d is empty", g.group_id, g.generation)
             g.state, g.protocol_name, g.leader = EMPTY, None, None
             return
         common = g.common_protocols()
@@ -181,6 +185,8 @@ class GroupTable:
         if g.leader not in g.members:
             g.leader = next(iter(g.members))
         g.state = COMPLETING
+        log.info("group %s: generation %d, %d members, leader %s, protocol %s",
+                 g.group_id, g.generation, len(g.members), g.leader, g.protocol_name)
         for m in g.members.values():
             assert m.join_ticket is not None
             out.append(JoinDone(m.join_ticket, g.join_result(m)))
@@ -214,6 +220,8 @@ class GroupTable:
             for mid, other in g.members.items():
                 other.assignment = assignments.get(mid, b"")
             g.state = STABLE
+            log.info("group %s: generation %d stable, assignment from leader %s",
+                     g.group_id, g.generation, member_id)
             for other in g.members.values():
                 if other.sync_ticket is not None:
                     out.append(g.sync_done(other.sync_ticket, other))
@@ -240,7 +248,7 @@ class GroupTable:
         g, _m = find_member(self.groups, group_id, member_id, instance_id)
         out: list[Effect] = []
         g.remove(member_id, ErrorCode.unknown_member_id, "left the group", out)
-        self._after_membership_change(g, self.clock(), out)
+        self._after_membership_change(g, self.clock(), out, f"member {member_id} left")
         return out
 
     def abandon(self, group_id: str, ticket: int) -> None:
@@ -253,10 +261,12 @@ class GroupTable:
             if m.sync_ticket == ticket:
                 m.sync_ticket = None
 
-    def _after_membership_change(self, g: Group, now: float, out: list[Effect]) -> None:
+    def _after_membership_change(
+        self, g: Group, now: float, out: list[Effect], why: str
+    ) -> None:
         if g.state in (STABLE, COMPLETING):
             if g.members:
-                self._prepare_rebalance(g, now, out)
+                self._prepare_rebalance(g, now, out, why)
             else:
                 g.state, g.generation = EMPTY, g.generation + 1
                 g.leader = g.protocol_name = None
@@ -289,7 +299,7 @@ class GroupTable:
                 log.info("group %s: member %s session expired", g.group_id, mid)
                 g.remove(mid, ErrorCode.unknown_member_id, "session expired", out)
             if expired:
-                self._after_membership_change(g, now, out)
+                self._after_membership_change(g, now, out, "sessions expired")
         return out
 
     def join_deadline(self, group_id: str) -> float | None:
