@@ -36,6 +36,7 @@ from broker.config import ConfigError, Settings, TopicConfig, validate_topic_con
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend
 from broker.health import HealthCheck
+from broker.protocol.records import Buffer
 from broker.protocol.recordset import RecordSet
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
@@ -281,8 +282,11 @@ class StorageEngine(Protocol):
         ...
 
     def append(
-        self, topic: str, partition: int, data: bytes | None
-    ) -> asyncio.Future[AppendResult]: ...
+        self, topic: str, partition: int, data: Buffer | None
+    ) -> asyncio.Future[AppendResult]:
+        """A writable `data` (a view into the request's frame, which the network layer owns)
+        may be changed in place: the batches' base offsets are written into it."""
+        ...
 
     async def init_producer_id(self, producer_id: int, epoch: int) -> tuple[int, int]: ...
 

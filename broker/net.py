@@ -74,7 +74,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._big: bytearray | None = None
         self._big_got = 0
         self._after_big = False  # the last frame was large (see get_buffer)
-        self._inbox: deque[bytes | memoryview] = deque()
+        # whole frames not yet decoded: bytearrays of their own (a Produce request's record
+        # sets are written in place, broker/protocol/producerequest.py)
+        self._inbox: deque[bytearray] = deque()
         self._inbox_ready = asyncio.Event()
         # the answers not yet written, in request order: (request head, response or future
         # of it, monotonic time the request was decoded); written by _send_ready as soon as
@@ -151,7 +153,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self._big_got == len(big):
                 self._big = None
                 self._after_big = True
-                self._inbox.append(memoryview(big).toreadonly())
+                self._inbox.append(big)
                 self._queued()
             return
         self._end += nbytes
@@ -171,7 +173,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             have = end - pos - 4
             self._after_big = size > SMALL_FRAME
             if have >= size:
-                self._inbox.append(bytes(view[pos + 4 : pos + 4 + size]))
+                self._inbox.append(bytearray(view[pos + 4 : pos + 4 + size]))
                 pos += 4 + size
                 continue
             if size > SMALL_FRAME:  # see broker/_recvbuf.c: no page of it resident yet

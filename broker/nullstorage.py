@@ -32,7 +32,7 @@ from broker.engine import (
 from broker.errors import ErrorCode, KafkaError
 from broker.groups.offsets import GroupOffsetBackend, MemoryGroupOffsets
 from broker.health import HealthCheck
-from broker.protocol.records import CorruptBatchError, iter_headers
+from broker.protocol.records import Buffer, CorruptBatchError, iter_headers
 from broker.protocol.recordset import EMPTY, RecordSet
 
 
@@ -139,7 +139,7 @@ class NullStorage(TopicTable):
         return None  # nothing is held: every batch is acknowledged at once
 
     def append(
-        self, topic: str, partition: int, data: bytes | None
+        self, topic: str, partition: int, data: Buffer | None
     ) -> asyncio.Future[AppendResult]:
         """Acknowledged at once: the future is already resolved with the base offset."""
         offsets = self._offsets[self.stream_id(topic, partition)]

@@ -19,6 +19,7 @@ from broker.config import TopicConfig
 from broker.errors import ErrorCode, KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import CODECS, decode_raw, recompress
+from broker.protocol.records import Buffer
 
 _NO_LIMIT = 2**63 - 1
 
@@ -33,7 +34,7 @@ def check_size(batches: list[records.BatchHeader], config: TopicConfig) -> None:
             )
 
 
-def check_keys(data: bytes, batches: list[records.BatchHeader], config: TopicConfig) -> None:
+def check_keys(data: Buffer, batches: list[records.BatchHeader], config: TopicConfig) -> None:
     if not config.compact:
         return
     for h in batches:
@@ -49,7 +50,7 @@ def check_keys(data: bytes, batches: list[records.BatchHeader], config: TopicCon
 
 
 def check_timestamps(
-    data: bytes, batches: list[records.BatchHeader], config: TopicConfig, now_ms: int
+    data: Buffer, batches: list[records.BatchHeader], config: TopicConfig, now_ms: int
 ) -> None:
     if config.log_append_time:
         return
@@ -72,7 +73,7 @@ def check_timestamps(
                 )
 
 
-def apply(data: bytes, config: TopicConfig) -> tuple[bytes, list[records.BatchHeader]]:
+def apply(data: Buffer, config: TopicConfig) -> tuple[Buffer, list[records.BatchHeader]]:
     """Validate a produced record set against its topic's configs; returns the bytes to store
     and their batch headers (re-encoded if the topic's compression.type asks for it).
     Raises KafkaError; the caller appends nothing then."""

@@ -49,6 +49,7 @@ from broker.config import TopicConfig
 from broker.errors import ErrorCode, KafkaError
 from broker.protocol import records
 from broker.protocol.recordcodec import decode_raw
+from broker.protocol.records import Buffer
 from broker.schemaregistry.errors import RegistryError
 from broker.schemaregistry.registry import SubjectVersion
 
@@ -174,7 +175,7 @@ class SchemaValidator:
             return f"unknown schema id {sid}"
         return f"schema id {sid} is not registered under subject {subject!r}"
 
-    async def check(self, topic: str, data: bytes | None, config: TopicConfig) -> None:
+    async def check(self, topic: str, data: Buffer | None, config: TopicConfig) -> None:
         """Raise InvalidRecords (INVALID_RECORD) if the topic validates keys or values and a
         record of `data` fails; return otherwise. Record sets that do not parse are left for
         append to reject with its own error."""

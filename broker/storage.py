@@ -39,6 +39,7 @@ from broker.logcleaner import BYTES_PER_KEY, CleanerSettings, LogCleaner
 from broker.metadata import KafkaMetadata, PartitionRow, TopicRow, producer_rows
 from broker.producers import SEQ_MODULUS, BatchMeta, Duplicate, ProducerStates
 from broker.protocol import records
+from broker.protocol.records import Buffer
 from broker.protocol.recordset import RecordSet, RecordSetBuilder
 from broker.replicas import ReplicaCollector, ReplicaReads
 from broker.retention import retention_start
@@ -287,10 +288,11 @@ class Storage(TopicTable):
         await self.log.room()  # see s3stream.wal: WAL bytes appended and not yet committed
 
     def append(
-        self, topic: str, partition: int, data: bytes | None
+        self, topic: str, partition: int, data: Buffer | None
     ) -> asyncio.Future[AppendResult]:
         """Validate and append a produced record set; synchronous up to the durability wait,
-        so that calls made in order get offsets in that order."""
+        so that calls made in order get offsets in that order. A writable `data` (a view into
+        the request's frame) gets its offsets written in place and goes to the WAL as it is."""
         t = self.topic(topic)
         sid = self._served(topic, partition)
         if not data:
@@ -315,8 +317,8 @@ class Storage(TopicTable):
         count = sum(h.record_count for h in headers)
         max_ts = append_time if append_time is not None else max(h.max_timestamp for h in headers)
 
-        def encode(base: int) -> bytearray:
-            buf = bytearray(data)
+        def encode(base: int) -> bytearray | memoryview:
+            buf = data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
             records.assign_offsets(buf, headers, base, append_time)
             return buf
 

@@ -101,10 +101,11 @@ class _Pending:
     stream: Stream
     base_offset: int
     last_offset: int
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview  # a view: into the request's frame (see _upload)
     max_timestamp: int
     future: asyncio.Future[int]
     producer: ProducerBatch | None
+    charge: int  # what it counts for in the WAL's memory bound (see `append`)
 
 
 Carried = tuple[int, ProducerBatch, int, int]
@@ -117,6 +118,7 @@ class _Flush:
 
     batch: list[_Pending]  # every append cut, in append order
     nbytes: int
+    charged: int  # what its appends count for in the memory bound
     began: float
     served: list[_Pending]  # what goes into its object: the appends to streams still served
     guards: Sequence[CommitAttachment] = ()  # taken when its upload starts
@@ -168,6 +170,7 @@ class WalMixin(IndexMixin):
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self._cut_bytes = 0  # bytes of the flushes cut and not done (committed or failed)
+        self._charged_frame: tuple[int, int] | None = None  # see `append`
         self._room = asyncio.Event()  # set while below `unflushed_limit`
         self._room.set()
 
@@ -207,7 +210,7 @@ class WalMixin(IndexMixin):
         stream_id: int,
         record_count: int,
         max_timestamp: int,
-        encode: Callable[[int], bytes | bytearray],
+        encode: Callable[[int], bytes | bytearray | memoryview],
         producer: ProducerBatch | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         """Assign `record_count` offsets, encode the data with its base offset, and queue it.
@@ -222,12 +225,20 @@ class WalMixin(IndexMixin):
         data = encode(base)
         st.next_offset = base + record_count
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(
-            _Pending(st, base, base + record_count - 1, data, max_timestamp, fut, producer)
-        )
+        charge = len(data)
+        if isinstance(data, memoryview):
+            # a view into a request's frame keeps all of the frame until it is done (record
+            # sets of other partitions, or that failed, included): the first append from a
+            # frame counts for the whole frame, those right after it from the same for nothing
+            frame = memoryview(data.obj).nbytes if data.obj is not None else charge
+            key = (id(data.obj), frame)
+            charge = 0 if key == self._charged_frame else max(charge, frame)
+            self._charged_frame = key
+        self._pending.append(_Pending(
+            st, base, base + record_count - 1, data, max_timestamp, fut, producer, charge))
         if not self._pending_bytes:
             self._first_pending_at = time.monotonic()
-        self._pending_bytes += len(data)
+        self._pending_bytes += charge
         self._wake.set()
         if self._pending_bytes >= self.settings.flush_max_bytes:
             self._full.set()
@@ -259,31 +270,35 @@ class WalMixin(IndexMixin):
                 slots.release()
                 continue
             # the cut and its registration as in flight: no await in between (see `_fail`)
-            batch, nbytes = self._cut()
+            batch, nbytes, charged = self._cut()
             served = [p for p in batch if self.streams.get(p.stream.stream_id) is p.stream]
-            flush = _Flush(batch, nbytes, time.monotonic(), served)
+            flush = _Flush(batch, nbytes, charged, time.monotonic(), served)
             self._flushing.append(flush)
             last = asyncio.create_task(self._run_flush(flush, last, slots), name="wal-flush")
+            # the task holds them now: this frame must not keep a flush's appends (their
+            # bytes may be views into request frames) until the next cut
+            del batch, served, flush
         if last is not None:  # close: drain every flush in flight
             await asyncio.wait([last])
 
-    def _cut(self) -> tuple[list[_Pending], int]:
+    def _cut(self) -> tuple[list[_Pending], int, int]:
         """Take the oldest pending appends, up to `flush_max_bytes` (at least one): what a
         producer sent while every flush slot was busy goes into the next objects, not one
         object as large as all of it."""
         limit = self.settings.flush_max_bytes
-        n, nbytes = 0, 0
+        n, nbytes, charged = 0, 0, 0
         for p in self._pending:
             if n and nbytes + len(p.data) > limit:
                 break
             n += 1
             nbytes += len(p.data)
+            charged += p.charge
         batch, self._pending = self._pending[:n], self._pending[n:]
-        self._pending_bytes -= nbytes
-        self._cut_bytes += nbytes
+        self._pending_bytes -= charged
+        self._cut_bytes += charged
         if self._pending_bytes < limit:
             self._full.clear()
-        return batch, nbytes
+        return batch, nbytes, charged
 
     async def _run_flush(
         self, f: _Flush, prev: asyncio.Task[None] | None, slots: asyncio.Semaphore
@@ -324,7 +339,7 @@ class WalMixin(IndexMixin):
                 self.stats.wal_flush_seconds.observe(time.monotonic() - f.began)
                 self.stats.wal_flush_bytes.observe(f.nbytes)
         finally:
-            self._cut_bytes -= f.nbytes
+            self._cut_bytes -= f.charged
             self._freed()
             slots.release()
 
@@ -434,7 +449,7 @@ class WalMixin(IndexMixin):
         ]  # they stay in their flush, which drops them at its commit turn (`_committable`)
         later += [p for p in self._pending if p.stream.stream_id in streams]
         self._pending = [p for p in self._pending if p.stream.stream_id not in streams]
-        self._pending_bytes = sum(len(p.data) for p in self._pending)
+        self._pending_bytes = sum(p.charge for p in self._pending)
         self._freed()
         for p in batch + later:
             p.stream.next_offset = p.stream.end_offset
@@ -469,7 +484,11 @@ class WalMixin(IndexMixin):
         # and the chunks of those of its reads that need this object then lie back to back,
         # one range GET between them (s3stream.reader `_join`)
         for sid, ps in sorted(groups.items()):
+            # one bytes per stream: what the cache keeps (a view would keep the whole
+            # request frame it points into alive)
             data = ps[0].data if len(ps) == 1 else b"".join(p.data for p in ps)
+            if isinstance(data, memoryview):
+                data = data.tobytes()
             parts.append((sid, ps[0].base_offset, ps[-1].last_offset, data))
         key = f"{WAL_PREFIX}{object_id:016d}"
         # the object as parts, written without joining them where the store can (a local

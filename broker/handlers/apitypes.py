@@ -299,23 +299,14 @@ if TYPE_CHECKING:
     import kio.schema.offset_fetch.v7.response
     import kio.schema.offset_fetch.v8.request
     import kio.schema.offset_fetch.v8.response
-    import kio.schema.produce.v3.request
     import kio.schema.produce.v3.response
-    import kio.schema.produce.v4.request
     import kio.schema.produce.v4.response
-    import kio.schema.produce.v5.request
     import kio.schema.produce.v5.response
-    import kio.schema.produce.v6.request
     import kio.schema.produce.v6.response
-    import kio.schema.produce.v7.request
     import kio.schema.produce.v7.response
-    import kio.schema.produce.v8.request
     import kio.schema.produce.v8.response
-    import kio.schema.produce.v9.request
     import kio.schema.produce.v9.response
-    import kio.schema.produce.v10.request
     import kio.schema.produce.v10.response
-    import kio.schema.produce.v11.request
     import kio.schema.produce.v11.response
     import kio.schema.sync_group.v0.request
     import kio.schema.sync_group.v0.response
@@ -341,6 +332,8 @@ if TYPE_CHECKING:
     import kio.schema.write_txn_markers.v1.response
     import kio.schema.write_txn_markers.v2.request
     import kio.schema.write_txn_markers.v2.response
+
+    import broker.protocol.producerequest
 
 AddOffsetsToTxnRequest: TypeAlias = (
     "kio.schema.add_offsets_to_txn.v0.request.AddOffsetsToTxnRequest"
@@ -814,17 +807,7 @@ OffsetFetchResponse: TypeAlias = (
 )
 OFFSET_FETCH: ApiTypes[OffsetFetchRequest, OffsetFetchResponse] = ApiTypes(9)
 
-ProduceRequest: TypeAlias = (
-    "kio.schema.produce.v3.request.ProduceRequest"
-    " | kio.schema.produce.v4.request.ProduceRequest"
-    " | kio.schema.produce.v5.request.ProduceRequest"
-    " | kio.schema.produce.v6.request.ProduceRequest"
-    " | kio.schema.produce.v7.request.ProduceRequest"
-    " | kio.schema.produce.v8.request.ProduceRequest"
-    " | kio.schema.produce.v9.request.ProduceRequest"
-    " | kio.schema.produce.v10.request.ProduceRequest"
-    " | kio.schema.produce.v11.request.ProduceRequest"
-)
+ProduceRequest: TypeAlias = "broker.protocol.producerequest.ProduceRequest"
 ProduceResponse: TypeAlias = (
     "kio.schema.produce.v3.response.ProduceResponse"
     " | kio.schema.produce.v4.response.ProduceResponse"

@@ -31,6 +31,10 @@ from broker.handlers.base import ApiTypes
 '''
 
 
+# Requests decoded by the broker's own reader, not kio's (broker/protocol/codec.py)
+OWN_REQUESTS = {0: "broker.protocol.producerequest.ProduceRequest"}
+
+
 def _alias(name: str, parts: list[str]) -> str:
     if len(parts) == 1:
         line = f'{name}: TypeAlias = "{parts[0]}"\n'
@@ -56,8 +60,12 @@ def render(ranges: Mapping[int, tuple[int, int]]) -> str:
                 (load_request_schema(key, v), req_parts),
                 (load_response_schema(key, v), resp_parts),
             ):
+                if parts is req_parts and key in OWN_REQUESTS:
+                    continue
                 imports.append((api_name, v, cls.__module__))
                 parts.append(f"{cls.__module__}.{cls.__name__}")
+        if key in OWN_REQUESTS:
+            req_parts = [OWN_REQUESTS[key]]
         token_line = f"{token}: ApiTypes[{req_name}, {resp_name}] = ApiTypes({key})\n"
         if len(token_line) > 100:
             token_line = (
@@ -65,10 +73,13 @@ def render(ranges: Mapping[int, tuple[int, int]]) -> str:
             )
         blocks.append(f"\n{_alias(req_name, req_parts)}{_alias(resp_name, resp_parts)}{token_line}")
     modules = [m for *_, m in sorted(imports, key=lambda i: (i[2].split(".")[2], i[1], i[2]))]
+    own = sorted({o.rsplit(".", 1)[0] for o in OWN_REQUESTS.values()})
     return (
         HEADER
         + "\nif TYPE_CHECKING:\n"
         + "".join(f"    import {m}\n" for m in modules)
+        + "\n"
+        + "".join(f"    import {m}\n" for m in own)
         + "".join(blocks)
     )
 

@@ -64,12 +64,12 @@ async def produce(
             if isinstance(entry, asyncio.Future):
                 entry.add_done_callback(lambda f: f.exception())  # retrieved: nobody waits
         return NO_RESPONSE
-    timeout = max(req.timeout.total_seconds(), 0.001)
+    timeout = max(req.timeout_ms / 1000, 0.001)
     futures = [e for *_, e in entries if isinstance(e, asyncio.Future)]
     return Later(when_done(futures, timeout, lambda: _response(ctx, head, entries)))
 
 
-def _transactional(tid: str | None, data: bytes | None) -> tuple[str, BatchHeader] | None:
+def _transactional(tid: str | None, data: memoryview | None) -> tuple[str, BatchHeader] | None:
     """A transactional batch comes with its transactional id, from the id's current producer
     and epoch (what the caller verifies with the coordinator: returned here), to a partition
     of its open transaction (KIP-890 part 1); clients never send control batches."""

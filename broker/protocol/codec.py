@@ -17,30 +17,13 @@ from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_re
 from kio.serial import entity_reader
 
 from broker.protocol.framecheck import MalformedFrame, check_request
+from broker.protocol.heads import ProtocolError, RequestHead, UnsupportedVersionError
+from broker.protocol.producerequest import PRODUCE_KEY, PRODUCE_VERSIONS, decode_produce
 from broker.protocol.writer import Out, writer_of
 
+__all__ = ["ProtocolError", "RequestHead", "UnsupportedVersionError", "decode_request"]
+
 _PEEK = struct.Struct(">hhi")
-
-
-class ProtocolError(Exception):
-    """The frame cannot be understood; Kafka closes the connection."""
-
-
-class UnsupportedVersionError(ProtocolError):
-    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
-        super().__init__(f"api key {api_key} version {api_version} is not supported")
-        self.api_key = api_key
-        self.api_version = api_version
-        self.correlation_id = correlation_id
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHead:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    client_host: str = ""  # filled in by the network layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +53,7 @@ def _codec(api_key: int, api_version: int) -> _Codec:
     )
 
 
-def peek(frame: bytes | memoryview) -> tuple[int, int, int]:
+def peek(frame: bytes | bytearray | memoryview) -> tuple[int, int, int]:
     """(api_key, api_version, correlation_id) of a request frame."""
     if len(frame) < _PEEK.size:
         raise ProtocolError(f"request of {len(frame)} bytes is shorter than a request header")
@@ -91,7 +74,7 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
 
 
 def decode_request(
-    frame: bytes | memoryview, supported: tuple[int, int] | None, client_host: str = ""
+    frame: bytes | bytearray | memoryview, supported: tuple[int, int] | None, client_host: str = ""
 ) -> tuple[RequestHead, object]:
     """Decode a whole request frame (without its size prefix) into its header and body.
 
@@ -100,6 +83,12 @@ def decode_request(
     api_key, api_version, correlation_id = peek(frame)
     if supported is None or not supported[0] <= api_version <= supported[1]:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    if api_key == PRODUCE_KEY:  # record sets as views into the frame, not copied
+        if not PRODUCE_VERSIONS[0] <= api_version <= PRODUCE_VERSIONS[1]:
+            raise UnsupportedVersionError(api_key, api_version, correlation_id)
+        return decode_produce(frame, api_version, correlation_id, client_host)
+    if not isinstance(frame, bytes):
+        frame = memoryview(frame).toreadonly()  # kio reads read-only buffers only
     try:
         codec = _codec(api_key, api_version)
     except (UnknownAPIKey, UnknownEntity) as e:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from crc32c import crc32c
+
+Buffer: TypeAlias = bytes | bytearray | memoryview  # a record set, as received or stored
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base_offset + batch_length
@@ -147,7 +149,10 @@ def max_records(h: BatchHeader) -> int:
 
 
 def assign_offsets(
-    buf: bytearray, headers: list[BatchHeader], base_offset: int, log_append_time_ms: int | None
+    buf: bytearray | memoryview,
+    headers: list[BatchHeader],
+    base_offset: int,
+    log_append_time_ms: int | None,
 ) -> int:
     """Rewrite base offsets (and, for LogAppendTime topics, the timestamp type, max timestamp
     and CRC) in place; return the next offset after the last batch."""

@@ -9,6 +9,7 @@ table writer may do. Restart persistence is checked where the engine persists (f
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -173,6 +174,45 @@ async def test_appends_across_partitions_get_consecutive_offsets_and_read_back(
     with pytest.raises(KafkaError) as e:
         engine.append("t", 3, bytes(make_batch([b"x"])))
     assert code_of(e) == ErrorCode.unknown_topic_or_partition
+
+
+async def test_record_sets_in_a_request_frame_are_stored_without_a_copy(
+    engine: StorageEngine,
+) -> None:
+    """What the network layer hands over (broker/protocol/producerequest.py): record sets as
+    writable views into the request's frame. The offsets are written into the frame itself,
+    what is stored reads back right, and once durable nothing the engine keeps (WAL, cache)
+    still points into the frame (it could be resized: no buffer exported). A read-only view
+    (a frame some other code owns) is left as it was."""
+    await engine.create_topic("v", 2, {})
+    batches = [make_batch([f"r{i}-{j}".encode() for j in range(i + 1)]) for i in range(4)]
+    frame = bytearray(b"head")
+    spans = []
+    for b in batches:
+        spans.append((len(frame), len(frame) + len(b)))
+        frame += b + b"gap"
+    view = memoryview(frame)
+    pending = [engine.append("v", i % 2, view[a:z]) for i, (a, z) in enumerate(spans)]
+    bases = [(await asyncio.wait_for(f, 10)).base_offset for f in pending]
+    assert bases == [0, 0, 1, 2]  # partition 0: 1 then 3 records; 1: 2 then 4
+    for base, (a, _z) in zip(bases, spans, strict=True):
+        assert struct.unpack_from(">q", frame, a)[0] == base  # written in place
+    del view, pending
+    frame += b"resized"  # BufferError if the engine still held a view into it
+    assert [v for _, v in await values_from(engine, "v", 0, 0)] == [
+        b"r0-0", b"r2-0", b"r2-1", b"r2-2"]
+    assert [o for o, _ in await values_from(engine, "v", 1, 0)] == list(range(6))
+    other = bytearray(make_batch([b"x"]))
+    kept = bytes(other)
+    assert (await append_view(engine, "v", 0, memoryview(other).toreadonly())).base_offset == 4
+    assert other == kept
+    assert [v for _, v in await values_from(engine, "v", 0, 4)] == [b"x"]
+
+
+async def append_view(
+    e: StorageEngine, topic: str, partition: int, data: memoryview
+) -> AppendResult:
+    return await asyncio.wait_for(e.append(topic, partition, data), 10)
 
 
 async def test_offset_for_time_finds_the_first_record_at_or_after(engine: StorageEngine) -> None:

@@ -410,6 +410,35 @@ async def test_room_waits_while_too_much_is_not_yet_committed(small_env: Env) ->
     await asyncio.wait_for(log.room(), WAIT)
 
 
+async def test_a_view_into_a_request_frame_counts_for_the_whole_frame(small_env: Env) -> None:
+    """Record sets arrive as views into their request's frame (broker/protocol/
+    producerequest.py), which stays in memory as long as any of them is not committed: a
+    small append from a large frame holds the frame, so it counts for all of it, once (the
+    appends right after it from the same frame count for nothing). Otherwise a client sending
+    large requests of which little is appended (other partitions failing) could make the
+    broker hold far more than the limit while the store is slow."""
+    log, store, _meta, (a, b) = small_env
+    store.hold(0)
+    _, first = log.append(a, 1, 0, data60("a0"))
+    await store.seen("start 0")
+    frame = bytearray(300)
+    view = memoryview(frame)
+    frame_appends = [log.append(b, 1, 0, lambda base, i=i: view[i * 10 : i * 10 + 10])[1]
+                     for i in range(3)]
+    assert log.unflushed_bytes == 60 + 300  # not 60 + 30
+    waiting = asyncio.create_task(log.room())
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "room() returned with a 300-byte frame held"
+    other = bytearray(50)
+    _, last = log.append(b, 1, 0, lambda base: memoryview(other)[:5])
+    assert log.unflushed_bytes == 60 + 300 + 50  # another frame: counted again
+    store.release(0)
+    await asyncio.wait_for(waiting, WAIT)
+    assert [await outcome(f) for f in (first, *frame_appends, last)] == [0, 0, 1, 2, 3]
+    await asyncio.wait_for(log.room(), WAIT)
+    assert log.unflushed_bytes == 0
+
+
 async def test_room_returns_when_the_log_closes(small_env: Env) -> None:
     log, store, _meta, (a, _b) = small_env
     store.hold(0)
