@@ -125,10 +125,17 @@ def test_a_group_moves_with_its_coordinator_and_consumption_goes_on(
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                              "acks": "all", "linger.ms": 5, "message.timeout.ms": 60000})
         try:
-            wait_for("both members assigned, the partitions split",
-                     lambda: assigned[0] and assigned[1]
-                     and assigned[0] | assigned[1] == set(range(PARTITIONS))
-                     and not assigned[0] & assigned[1])
+            try:
+                wait_for("both members assigned, the partitions split",
+                         lambda: assigned[0] and assigned[1]
+                         and assigned[0] | assigned[1] == set(range(PARTITIONS))
+                         and not assigned[0] & assigned[1])
+            except AssertionError:  # where the group stood, as each broker answers for it
+                print(f"assigned: {assigned}")
+                for b in brokers:
+                    with contextlib.suppress(Exception):
+                        print(f"via {b.bootstrap}: {coordinator(b.bootstrap, group)}")
+                raise
             seq, started, killed = 0, time.monotonic(), False
             while time.monotonic() - started < 10.0:
                 for p in range(PARTITIONS):
