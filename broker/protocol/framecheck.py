@@ -223,7 +223,9 @@ def encode_uvarint(value: int) -> bytes:
     return bytes(out)
 
 
-def _uvarint(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of the unsigned varint at `pos`, at most 5 bytes, no byte
+    at or after `end` (MalformedFrame otherwise)."""
     value = 0
     shift = 0
     for _ in range(_MAX_VARINT_BYTES):
@@ -260,7 +262,7 @@ def _walk_field(
     if not field.array:
         return _walk_value(buf, pos, end, field, edits)
     if flexible:
-        n, pos = _uvarint(buf, pos, end)
+        n, pos = read_uvarint(buf, pos, end)
         count = n - 1  # 0 = null
     else:
         if end - pos < 4:
@@ -294,7 +296,7 @@ def _walk_value(
     if kind == _FIXED:
         pos += field.size
     elif kind == _COMPACT:
-        n, pos = _uvarint(buf, pos, end)
+        n, pos = read_uvarint(buf, pos, end)
         if n > 0:
             pos += n - 1
         elif not field.nullable:
@@ -340,16 +342,16 @@ def _walk_tagged(
     buf: bytes | bytearray | memoryview, pos: int, end: int, plan: _Plan, edits: _Edits
 ) -> int:
     count_start = pos
-    count, pos = _uvarint(buf, pos, end)
+    count, pos = read_uvarint(buf, pos, end)
     if count * 2 > end - pos:  # a tag and a size, one byte each at least
         raise MalformedFrame(f"{plan.name}: {count} tagged fields cannot fit")
     count_end = pos
     unknown = 0
     for _ in range(count):
         tag_start = pos
-        tag, pos = _uvarint(buf, pos, end)
+        tag, pos = read_uvarint(buf, pos, end)
         size_start = pos
-        size, pos = _uvarint(buf, pos, end)
+        size, pos = read_uvarint(buf, pos, end)
         if size > end - pos:
             raise MalformedFrame(f"{plan.name}: tagged field {tag} of {size} bytes runs past"
                                  " the end")

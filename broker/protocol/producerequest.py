@@ -29,6 +29,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from broker.protocol.framecheck import MalformedFrame, read_uvarint
 from broker.protocol.heads import ProtocolError, RequestHead
 
 PRODUCE_KEY = 0
@@ -60,10 +61,6 @@ class ProduceRequest:
     topic_data: list[TopicData]
 
 
-class _Malformed(ValueError):
-    pass
-
-
 class _Reader:
     """A position in a frame; every read checks the bytes left."""
 
@@ -78,7 +75,7 @@ class _Reader:
         """Skip n bytes; the position they start at."""
         at = self.pos
         if n < 0 or at + n > self.end:
-            raise _Malformed(f"{n} bytes at {at} run past the end ({self.end})")
+            raise MalformedFrame(f"{n} bytes at {at} run past the end ({self.end})")
         self.pos = at + n
         return at
 
@@ -91,23 +88,14 @@ class _Reader:
         return value
 
     def uvarint(self) -> int:
-        view, pos, value = self.view, self.pos, 0
-        for shift in range(0, 35, 7):
-            if pos >= self.end:
-                raise _Malformed(f"varint at {self.pos} runs past the end")
-            b = view[pos]
-            pos += 1
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                self.pos = pos
-                return value
-        raise _Malformed(f"varint at {self.pos} longer than 5 bytes")
+        value, self.pos = read_uvarint(self.view, self.pos, self.end)
+        return value
 
     def length(self, compact: bool, legacy: int) -> int:
         """A string's or bytes' length, -1 for null: compact (varint n+1) or legacy."""
         n = self.uvarint() - 1 if compact else legacy
         if n < -1:
-            raise _Malformed(f"length {n} at {self.pos}")
+            raise MalformedFrame(f"length {n} at {self.pos}")
         return n
 
     def string(self, n: int, what: str) -> str:
@@ -115,21 +103,21 @@ class _Reader:
         try:
             return str(self.view[at : at + n], "utf-8")
         except UnicodeDecodeError as e:
-            raise _Malformed(f"{what} is not UTF-8: {e}") from None
+            raise MalformedFrame(f"{what} is not UTF-8: {e}") from None
 
     def count(self, compact: bool, smallest: int, what: str) -> int:
         """An array's element count, bounded by the bytes left (each takes `smallest`)."""
         n = self.uvarint() - 1 if compact else self.i32()
         if n < 0:
-            raise _Malformed(f"null or negative {what} array ({n})")
+            raise MalformedFrame(f"null or negative {what} array ({n})")
         if n * smallest > self.end - self.pos:
-            raise _Malformed(f"{n} {what} cannot fit in {self.end - self.pos} bytes")
+            raise MalformedFrame(f"{n} {what} cannot fit in {self.end - self.pos} bytes")
         return n
 
     def skip_tags(self) -> None:
         n = self.uvarint()  # the count itself, not n + 1; each field: tag, size, bytes
         if 2 * n > self.end - self.pos:
-            raise _Malformed(f"{n} tagged fields cannot fit in {self.end - self.pos} bytes")
+            raise MalformedFrame(f"{n} tagged fields cannot fit in {self.end - self.pos} bytes")
         for _ in range(n):
             self.uvarint()  # the tag: none is known in Produce up to v11
             self.take(self.uvarint())
@@ -158,7 +146,7 @@ def decode_produce(
         for _ in range(r.count(flexible, 3 if flexible else 6, "topic")):
             n = r.length(flexible, 0 if flexible else r.i16())
             if n == -1:
-                raise _Malformed("null topic name")
+                raise MalformedFrame("null topic name")
             name = r.string(n, "topic name")
             parts = []
             for _ in range(r.count(flexible, 6 if flexible else 8, "partition")):
@@ -173,7 +161,7 @@ def decode_produce(
             topics.append(TopicData(name, parts))
         if flexible:
             r.skip_tags()
-    except (_Malformed, struct.error) as e:
+    except (MalformedFrame, struct.error) as e:
         raise ProtocolError(f"malformed api 0 v{version} request: {e}") from e
     head = RequestHead(PRODUCE_KEY, version, correlation_id, client_id, client_host)
     return head, ProduceRequest(transactional_id, acks, timeout_ms, topics)
