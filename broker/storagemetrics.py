@@ -93,8 +93,17 @@ class StorageCollector(Collector):
                                   "Time Produce requests waited for room in the WAL.",
                                   value=st.room_wait_seconds)
         yield histogram_family("floe_metadata_queue_seconds",
-                               "Wait of a metadata store call for the store's one thread.", [],
+                               "Wait of a metadata store call for the store's one thread"
+                               " (0 for a call made on the event loop's thread).", [],
                                [([], log.meta.queue_seconds)])
+        yield CounterMetricFamily("floe_metadata_calls_on_loop",
+                                  "WAL commits and object id reservations tried on the event"
+                                  " loop's thread (SQLite, the store's thread idle).",
+                                  value=log.meta.ran_now)
+        yield CounterMetricFamily("floe_metadata_calls_on_loop_busy",
+                                  "Of those, the ones that found another connection's lock"
+                                  " and went to the store's thread to wait for it.",
+                                  value=log.meta.ran_now_busy)
         yield CounterMetricFamily("floe_cache_hits", "Chunk cache lookups that found the chunk.",
                                   value=log.cache.hits)
         yield CounterMetricFamily("floe_cache_misses", "Chunk cache lookups that missed.",

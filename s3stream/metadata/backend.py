@@ -8,11 +8,15 @@ differs per backend and lives here:
   (BEGIN IMMEDIATE); PostgreSQL runs READ COMMITTED transactions that lock the rows they
   guard with SELECT ... FOR UPDATE (`Dialect.for_update`), so a guard (a stream's end offset)
   read under the lock stays true until COMMIT;
-- the placeholder style and how driver errors map onto the store's errors (the `Connection`).
+- the placeholder style and how driver errors map onto the store's errors (the `Connection`);
+- whether a call may run on the event loop's thread (`Backend.local`: a file on this machine,
+  no round trip) and how a statement is told not to wait for another connection's lock
+  (`Connection.no_waiting`): see StoreBase._run_now.
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -79,6 +83,11 @@ class Cursor(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
 
+class LockBusyError(Exception):
+    """Inside `Connection.no_waiting`: a statement needed a lock another connection holds
+    (nothing of the transaction is committed: the store rolls it back)."""
+
+
 class Connection(ABC):
     """One database connection in autocommit mode (transactions are explicit BEGIN/COMMIT).
 
@@ -105,9 +114,19 @@ class Connection(ABC):
         """'committed', 'aborted', 'in progress', or None when the server no longer knows."""
         return None
 
+    @contextlib.contextmanager
+    def no_waiting(self) -> Iterator[None]:
+        """Statements inside raise LockBusyError at once where they would wait for a lock held
+        by another connection. Only backends that are `local` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} always waits for locks")
+        yield  # unreachable: makes this a generator, as the override is
+
 
 class Backend(ABC):
     dialect: Dialect
+    # the database is a file on this machine (SQLite): a short call costs no round trip and
+    # may run on the event loop's thread when nothing waits for it (StoreBase._run_now)
+    local: bool = False
 
     @abstractmethod
     def connect(self) -> Connection:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from s3stream.metadata.backend import Backend, Connection, Cursor, Dialect
+from s3stream.metadata.backend import Backend, Connection, Cursor, Dialect, LockBusyError
 from s3stream.metadata.model import MetadataError
 
 SQLITE = Dialect(
@@ -26,18 +27,46 @@ SQLITE = Dialect(
 class SqliteConnection(Connection):
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
+        self._no_wait = False
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         try:
             return self._db.execute(sql, params)
         except sqlite3.IntegrityError as e:
             raise MetadataError(str(e)) from e
+        except sqlite3.OperationalError as e:
+            if self._lock_busy(e):
+                raise LockBusyError(str(e)) from e
+            raise
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         try:
             self._db.executemany(sql, rows)
         except sqlite3.IntegrityError as e:
             raise MetadataError(str(e)) from e
+        except sqlite3.OperationalError as e:
+            if self._lock_busy(e):
+                raise LockBusyError(str(e)) from e
+            raise
+
+    def _lock_busy(self, e: sqlite3.OperationalError) -> bool:
+        """SQLITE_BUSY or SQLITE_LOCKED (any extended code) inside `no_waiting` (outside it,
+        such an error comes after the busy timeout and passes through, as it always did)."""
+        code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+        return self._no_wait and code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+    @contextlib.contextmanager
+    def no_waiting(self) -> Iterator[None]:
+        """A busy timeout of 0 inside: SQLite answers SQLITE_BUSY at once where it would
+        have retried for up to BUSY_TIMEOUT_S (BEGIN IMMEDIATE while another connection
+        writes; WAL mode's readers never wait)."""
+        self._db.execute("PRAGMA busy_timeout=0")
+        self._no_wait = True
+        try:
+            yield
+        finally:
+            self._no_wait = False
+            self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
 
     def close(self) -> None:
         self._db.close()
@@ -65,6 +94,7 @@ def _wal_mode(db: sqlite3.Connection) -> None:
 
 class SqliteBackend(Backend):
     dialect = SQLITE
+    local = True
 
     def __init__(self, path: Path) -> None:
         self.path = path

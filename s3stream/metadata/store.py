@@ -129,7 +129,7 @@ class MetadataStore(LogMaintenanceMixin):
 
     async def reserve_object_ids(self, count: int) -> int:
         """The first of `count` object ids nobody else will ever use."""
-        return await self._run(self._counter, "next_object_id", count)
+        return await self._run_now(self._counter, "next_object_id", count)
 
     def _commit_objects(self, objects: Sequence[ObjectCommit]) -> list[set[int]]:
         undo = functools.partial(self._undo_commits, objects)
@@ -210,4 +210,4 @@ class MetadataStore(LogMaintenanceMixin):
         commit): all of them or none. A stream's chunks may follow one another across the
         objects; each object's attachments see its own live streams. Returns each object's
         live streams."""
-        return await self._run(self._commit_objects, list(objects))
+        return await self._run_now(self._commit_objects, list(objects))

@@ -139,8 +139,12 @@ async def test_engines_report_their_own_health_checks_and_metrics(tmp_path: Path
             m.register(collector)
         got = samples(m)
         assert got[("floe_wal_flushes_total", ())] >= 1
-        # every metadata call (open, heartbeats, the flush's commit) waited for the thread
+        # every metadata call (open, heartbeats, the flush's commit) counted; the flush's id
+        # reservation and commit on the loop's thread unless a heartbeat had the store's
+        # thread then (test_metadata_run_now: when they run where)
         assert got[("floe_metadata_queue_seconds_count", ())] >= 3
+        on_loop = got[("floe_metadata_calls_on_loop_total", ())]
+        assert 0 <= got[("floe_metadata_calls_on_loop_busy_total", ())] <= on_loop <= 2
         assert got[("floe_object_store_requests_total", (("op", "PUT"),))] >= 1
         assert got[("floe_topics", ())] == 1 and got[("floe_partitions", ())] == 1
         assert got[("floe_health_ok", (("component", "metadata"),))] == 1
