@@ -7,15 +7,19 @@ counted in `queue_seconds` (the metric floe_metadata_queue_seconds).
 
 The WAL's commits are the exception where the database is a local file (SQLite, `_run_now`):
 when the store's thread has nothing queued or running and no other connection holds the write
-lock, the call runs right away on the event loop's thread. Handing it to the thread cost more
-than the transaction: the thread takes the GIL back after every statement (about ten per
-commit), and while the loop is busy each time waits for the loop to let go of it (up to the
-5 ms switch interval). Measured (issue 17, fixed 10 MiB/s produce, file store, 2 vCPUs, runs
-alternated): WAL flush mean 15.6/12.4/10.6/16.1 -> 10.4/5.4/4.3/4.6 ms, client p99
-128/112/64/160 -> 114/40/42/37 ms; on tmpfs (no fsync cost) flush 4.7/6.6 -> 2.1/2.4 ms, p99
-37/49 -> 22/29 ms. Should another connection hold the lock (another store of this process,
-another broker sharing the file), the call goes to the thread and waits there, never on the
-loop. The order of calls still holds: one runs on the loop only when none is pending.
+lock, the transaction's statements run right away on the event loop's thread, and only its
+COMMIT (the fsync) goes to the store's thread. Handing all of it to the thread cost more than
+the transaction: the thread takes the GIL back after every statement (about ten per commit),
+and while the loop is busy each time waits for the loop to let go of it (up to the 5 ms
+switch interval). Measured (issue 17, fixed 10 MiB/s produce, file store, 2 vCPUs, runs
+alternated against the thread doing all of it): all of it on the loop, WAL flush mean
+15.6/12.4/10.6/16.1 -> 10.4/5.4/4.3/4.6 ms and client p99 128/112/64/160 -> 114/40/42/37
+ms; the COMMIT on the thread as now, flush 12.1/9.3/8.7 -> 9.0/6.6/10.2 ms and p99
+60.5/51.1/42.3 -> 47.1/39.5/54.5 ms, and no different from all of it on the loop in 3
+pairs, while a slow disk then holds only the commit's caller, never the loop. Should another
+connection hold the lock (another store of this process, another broker sharing the file),
+the call goes to the thread and waits there. The order of calls still holds: one runs on the
+loop only when none is pending, and its COMMIT is queued before any later call.
 
 Connection loss (the PostgreSQL server restarted, the network dropped):
 - The store notices on the next statement, drops the connection and connects again on its
@@ -89,6 +93,8 @@ class StoreBase:
         self._finished = 0
         self._finished_lock = threading.Lock()
         self.ran_now = 0  # `_run_now` calls made on the loop's thread
+        self._commit_later = False  # set by `_run_now`: `_txn` leaves its COMMIT to it
+        self._pending: Connection | None = None  # the connection whose COMMIT was left
         self.ran_now_busy = 0  # and those that found another connection's lock and went on
 
     @property
@@ -120,12 +126,14 @@ class StoreBase:
         """`_run` for the WAL's short transactions. On a local backend, with no call of the
         store's thread queued or running (so the connection is free and the order of calls
         holds) and the write lock free, `fn` runs here, on the event loop's thread, without
-        waiting for any lock; otherwise (or when a statement finds a lock taken, which rolls
-        the transaction back) it goes to the thread as any call (see the module docstring).
-        `fn` must be one transaction and nothing else, so that running it again after a
-        LockBusyError is running it once."""
+        waiting for any lock, up to its COMMIT, which the store's thread makes; otherwise
+        (or when a statement finds a lock taken, which rolls the transaction back) it goes to
+        the thread as any call (see the module docstring). `fn` must be one write
+        transaction and nothing else, so that running it again after a LockBusyError is
+        running it once, and its result is final once its COMMIT succeeds."""
         if self.backend.local and self._opened and self._submitted == self._finished:
             self.ran_now += 1
+            self._commit_later = True  # only while fn runs: the store's thread is idle then
             try:
                 db = self._connection()
                 with db.no_waiting():
@@ -134,8 +142,23 @@ class StoreBase:
                 self.ran_now_busy += 1
             else:
                 self.queue_seconds.observe(0.0)
+                # its COMMIT (the database's fsync) on the store's thread, queued before any
+                # other call: the loop never waits for the disk. Shielded: a cancelled caller
+                # must not leave the transaction open (the COMMIT happens; as with `_run`,
+                # a call cancelled once running still has its effect)
+                self._commit_later = False
+                await asyncio.shield(asyncio.wrap_future(self._submit(self._commit_pending)))
                 return result
+            finally:
+                self._commit_later = False
         return await self._run(fn, *args)
+
+    def _commit_pending(self) -> None:
+        """COMMIT the transaction `_run_now` left open on the connection (store's thread)."""
+        db, self._pending = self._pending, None
+        if db is None:  # fn ended without a write transaction (nothing to commit)
+            return
+        self._commit(db)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn on the store's thread with a live connection (see the module docstring)."""
@@ -199,6 +222,8 @@ class StoreBase:
         database's, up front; PostgreSQL: the rows it reads with `self.for_update`).
         `undo` reverses the transaction's effect should it commit although COMMIT failed."""
         db = self.db
+        if self._pending is not None:
+            raise RuntimeError("a transaction began before the COMMIT left by _run_now")
         dialect = self.backend.dialect
         db.execute(dialect.begin_read if read_only else dialect.begin_write)
         try:
@@ -208,6 +233,13 @@ class StoreBase:
             with contextlib.suppress(Exception):
                 db.execute("ROLLBACK")
             raise
+        if self._commit_later and not read_only:
+            self._pending = db  # `_run_now` has the store's thread COMMIT it
+            return
+        self._commit(db, read_only, txid, undo)
+
+    def _commit(self, db: Connection, read_only: bool = False, txid: str | None = None,
+                undo: Callable[[], None] | None = None) -> None:
         try:
             db.execute("COMMIT")
         except BaseException as e:

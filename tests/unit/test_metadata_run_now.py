@@ -75,6 +75,50 @@ async def test_a_commit_runs_on_the_loop_only_on_a_local_database(
         assert store.ran_now == 0
 
 
+async def test_the_commit_itself_is_made_on_the_stores_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statements run on the loop, the COMMIT (SQLite's fsync) on the store's thread:
+    a slow disk holds the commit's caller, never the loop; a caller cancelled meanwhile
+    leaves no transaction open."""
+    store = open_metadata_store(f"sqlite:///{tmp_path / 'meta.db'}")
+    await store.open()
+    try:
+        (s,) = await store.create_streams(1)
+        commits: list[str] = []
+        real = store._commit
+
+        def slow_commit(*args: object) -> None:
+            commits.append(threading.current_thread().name)
+            time.sleep(0.3)  # the disk taking its time
+            real(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store, "_commit", slow_commit)
+        where = WhereApplied()
+        committing = asyncio.ensure_future(commit(store, s.stream_id, 0, 9, where, oid=1000))
+        ticks = 0
+        began = time.monotonic()
+        while time.monotonic() - began < 0.2:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks >= 8 and not committing.done()  # the loop ran during the COMMIT
+        await asyncio.wait_for(committing, 10)
+        assert where.threads == [threading.current_thread().name]
+        assert commits and all(t.startswith("floe-meta") for t in commits), commits
+        # cancelled while its COMMIT is under way: committed all the same, nothing left open
+        cancelled = asyncio.ensure_future(commit(store, s.stream_id, 10, 19, where, oid=1001))
+        await asyncio.sleep(0.1)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        monkeypatch.setattr(store, "_commit", real)
+        await commit(store, s.stream_id, 20, 29, where, oid=1002)
+        streams, chunks = await store.load()
+        assert streams[0].end_offset == 30 and len(chunks) == 3
+    finally:
+        await store.close()
+
+
 async def test_a_call_pending_on_the_stores_thread_keeps_the_commit_behind_it(
     tmp_path: Path,
 ) -> None:
