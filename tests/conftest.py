@@ -14,7 +14,7 @@ from tests.ci_skips import (  # noqa: F401  (hooks: in CI a skip is a failure)
 )
 from tests.kafkapython import close_refused_sockets
 from tests.nullctx import ctx  # noqa: F401  (a BrokerContext on the null engine)
-from tests.pg import pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
+from tests.pg import metadata_url, pg_cluster, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.s3server import broker_on_s3, moto_s3
 from tests.warehouses import warehouse  # noqa: F401  (Iceberg warehouse fixture)
 

@@ -81,3 +81,11 @@ def pg_url(pg_cluster: PgCluster) -> str:
     """The URL of a fresh, empty database (postgresql://user:pass@127.0.0.1:port/db)."""
     pg_cluster.ensure_running()
     return pg_cluster.new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh metadata database on each backend: an SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'meta.db'}"
+    return str(request.getfixturevalue("pg_url"))

@@ -26,16 +26,9 @@ from tests.rawclient import make_batch
 QUIET = ClusterSettings(node_id=1, heartbeat_interval_ms=600_000, session_timeout_ms=600_000)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'meta.db'}"
-    return str(request.getfixturevalue("pg_url"))
-
-
 @pytest.fixture
-async def broker(url: str, tmp_path: Path) -> AsyncIterator[Storage]:
-    s = Storage(LocalDirObjectStore(tmp_path / "objects"), open_metadata_store(url),
+async def broker(metadata_url: str, tmp_path: Path) -> AsyncIterator[Storage]:
+    s = Storage(LocalDirObjectStore(tmp_path / "objects"), open_metadata_store(metadata_url),
                 WalSettings(flush_interval_ms=20), QUIET)
     await s.open()
     await s.create_topic("t", 2, {})

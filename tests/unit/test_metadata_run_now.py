@@ -33,16 +33,9 @@ class WhereApplied:
         return None
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'meta.db'}"
-    return str(request.getfixturevalue("pg_url"))
-
-
 @pytest.fixture
-async def store(url: str) -> AsyncIterator[MetadataStore]:
-    s = open_metadata_store(url)
+async def store(metadata_url: str) -> AsyncIterator[MetadataStore]:
+    s = open_metadata_store(metadata_url)
     await s.open()
     try:
         yield s

@@ -27,13 +27,6 @@ from s3stream.metadata.backend import Connection
 from s3stream.metadata.postgres import IDLE_IN_TRANSACTION_S, PostgresBackend
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'meta.db'}"
-    return str(request.getfixturevalue("pg_url"))
-
-
 @asynccontextmanager
 async def opened(url: str) -> AsyncIterator[MetadataStore]:
     store = open_metadata_store(url)
@@ -45,8 +38,8 @@ async def opened(url: str) -> AsyncIterator[MetadataStore]:
 
 
 @pytest.fixture
-async def store(url: str) -> AsyncIterator[MetadataStore]:
-    async with opened(url) as s:
+async def store(metadata_url: str) -> AsyncIterator[MetadataStore]:
+    async with opened(metadata_url) as s:
         yield s
 
 
@@ -75,19 +68,19 @@ async def test_streams_create_and_delete(store: MetadataStore) -> None:
     assert again.stream_id not in {s.stream_id for s in streams} and again.end_offset == 0
 
 
-async def test_cluster_id_and_counters_survive_reopen(url: str) -> None:
-    async with opened(url) as s:
+async def test_cluster_id_and_counters_survive_reopen(metadata_url: str) -> None:
+    async with opened(metadata_url) as s:
         cid = await s.cluster_id()
         first = await s.reserve_object_ids(64)
         second = await s.reserve_object_ids(10)
         assert first == 1 and second == 65
-    async with opened(url) as s:
+    async with opened(metadata_url) as s:
         assert await s.cluster_id() == cid and len(cid) == 22
         assert await s.reserve_object_ids(1) == 75
 
 
-async def test_object_ids_from_concurrent_stores_never_overlap(url: str) -> None:
-    async with opened(url) as a, opened(url) as b:
+async def test_object_ids_from_concurrent_stores_never_overlap(metadata_url: str) -> None:
+    async with opened(metadata_url) as a, opened(metadata_url) as b:
         firsts = await asyncio.gather(*(s.reserve_object_ids(8) for s in [a, b] * 10))
     ranges = sorted(firsts)
     assert all(y - x >= 8 for x, y in itertools.pairwise(ranges))
@@ -118,8 +111,8 @@ async def test_commit_object_guard(store: MetadataStore) -> None:
     assert (await store.object_keys())[60] == "wal/60"
 
 
-async def test_racing_commits_to_one_stream_exactly_one_wins(url: str) -> None:
-    async with opened(url) as a, opened(url) as b:
+async def test_racing_commits_to_one_stream_exactly_one_wins(metadata_url: str) -> None:
+    async with opened(metadata_url) as a, opened(metadata_url) as b:
         (s,) = await a.create_streams(1)
         end = 0
         for round_ in range(15):
@@ -139,14 +132,14 @@ async def test_racing_commits_to_one_stream_exactly_one_wins(url: str) -> None:
     assert [c.base_offset for c in chunks] == [0] + [c.last_offset + 1 for c in chunks[:-1]]
 
 
-async def test_many_writers_keep_a_dense_log(url: str) -> None:
+async def test_many_writers_keep_a_dense_log(metadata_url: str) -> None:
     """Writers that reload the end offset after each conflict, as a failed-over broker
     would: every offset is committed exactly once."""
-    async with opened(url) as setup:
+    async with opened(metadata_url) as setup:
         (s,) = await setup.create_streams(1)
 
     async def writer(n: int) -> int:
-        async with opened(url) as store:
+        async with opened(metadata_url) as store:
             done = 0
             while done < 8:
                 streams, _ = await store.load()
@@ -161,7 +154,7 @@ async def test_many_writers_keep_a_dense_log(url: str) -> None:
             return done
 
     assert await asyncio.gather(*(writer(n) for n in range(4))) == [8] * 4
-    async with opened(url) as check:
+    async with opened(metadata_url) as check:
         streams, chunks = await check.load()
     assert len(chunks) == 32
     assert [c.base_offset for c in chunks] == [0] + [c.last_offset + 1 for c in chunks[:-1]]
