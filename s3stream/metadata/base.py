@@ -93,9 +93,9 @@ class StoreBase:
         self._finished = 0
         self._finished_lock = threading.Lock()
         self.ran_now = 0  # `_run_now` calls made on the loop's thread
+        self.ran_now_busy = 0  # and those that found another connection's lock and went on
         self._commit_later = False  # set by `_run_now`: `_txn` leaves its COMMIT to it
         self._pending: Connection | None = None  # the connection whose COMMIT was left
-        self.ran_now_busy = 0  # and those that found another connection's lock and went on
 
     @property
     def db(self) -> Connection:
@@ -138,19 +138,20 @@ class StoreBase:
                 db = self._connection()
                 with db.no_waiting():
                     result = self._call(fn, *args)
+                ran = True
             except LockBusyError:
                 self.ran_now_busy += 1
-            else:
+                ran = False
+            finally:
+                self._commit_later = False
+            if ran:
                 self.queue_seconds.observe(0.0)
                 # its COMMIT (the database's fsync) on the store's thread, queued before any
                 # other call: the loop never waits for the disk. Shielded: a cancelled caller
                 # must not leave the transaction open (the COMMIT happens; as with `_run`,
                 # a call cancelled once running still has its effect)
-                self._commit_later = False
                 await asyncio.shield(asyncio.wrap_future(self._submit(self._commit_pending)))
                 return result
-            finally:
-                self._commit_later = False
         return await self._run(fn, *args)
 
     def _commit_pending(self) -> None:
