@@ -531,6 +531,7 @@ class WalMixin(IndexMixin):
 
     def _committed(self, obj: _Object, live: set[int]) -> None:
         batch = obj.batch
+        now = time.time()
         self._object_keys[obj.object_id] = obj.key
         self.flushes += 1
         # durable and committed: only now do the streams' end offsets move and futures resolve
@@ -550,7 +551,7 @@ class WalMixin(IndexMixin):
                 )
             )
             st.end_offset = row.last_offset + 1
-            st.commits.append((st.end_offset, time.time()))
+            st.committed(st.end_offset, now)
             self.cache.put((obj.object_id, row.position), data, tail=True)
             wake_readers(st)
         for p in batch:

@@ -46,8 +46,8 @@ TABLE_TOPIC_CONFIGS = (
     ConfigDef(
         PREFIX + "commit.max.bytes",
         "long",
-        str(128 * 1024 * 1024),
-        "commit earlier once this many bytes are pending",
+        str(64 * 1024 * 1024),
+        "commit earlier once this many bytes (Arrow) are pending",
         positive,
     ),
     ConfigDef(

@@ -116,3 +116,16 @@ async def test_a_backlog_beyond_one_hand_in_is_read_in_turn(setup: Setup) -> Non
     rows = await backlog_written(setup, 100, config={"table.topic.commit.max.records": "150"})
     assert rows == [(p, o) for p in range(3) for o in range(100)]
     assert setup.writer.writes_ahead == 0
+
+
+async def test_a_new_table_caps_parquet_dictionaries_at_256_kib(setup: Setup) -> None:
+    """The table floe creates caps Parquet's dictionary page at 256 KiB (Iceberg's default,
+    2 MiB, had Arrow hold ~50 MiB more per partition's write of a 135k-row backlog,
+    benchmarks/README.md, tablebacklog): the property pyiceberg's writer and Spark's read.
+    Arrow checks the cap every `write.parquet.page-row-limit` rows (20,000), so a file this
+    small keeps its whole dictionary either way; every row lands as before."""
+    rows = await backlog_written(setup, 100, partitions=1)
+    assert rows == [(0, o) for o in range(100)]
+    table = setup.catalog.load_table(IDENT)
+    assert table.properties["write.parquet.dict-size-bytes"] == str(256 * 1024)
+    assert table.properties["floe.topic"] == TOPIC  # with floe's own
