@@ -90,6 +90,30 @@ class Stream:
         self.bases = [c.base_offset for c in chunks]
 
 
+def _replaced(st: Stream, old: list[ChunkRow], new: list[Chunk]) -> list[Chunk]:
+    """The stream's chunk list with `old` (its chunks in compacted objects) swapped for `new`
+    (the same offsets in new objects). A compaction's old chunks of a stream are one run of
+    its list (the oldest WAL objects' chunks, in offset order): spliced in place, each checked
+    (a pass over them, no set of every chunk of the stream: ~60k chunks a run took 0.28 s of
+    the event loop that way); anything else the long way."""
+    old = sorted(old, key=lambda c: c.base_offset)
+    new = sorted(new, key=lambda c: c.base_offset)
+    chunks = st.chunks
+    i = bisect.bisect_left(st.bases, old[0].base_offset) if old else 0
+    j = i + len(old)
+    if old and j <= len(chunks) and all(
+        c.base_offset == o.base_offset and c.object_id == o.object_id
+        for c, o in zip(chunks[i:j], old, strict=True)
+    ) and (i == 0 or not new or chunks[i - 1].base_offset < new[0].base_offset) and (
+        j == len(chunks) or not new or new[-1].base_offset < chunks[j].base_offset
+    ):
+        return chunks[:i] + new + chunks[j:]
+    gone = {(o.base_offset, o.object_id) for o in old}
+    kept = [c for c in chunks if (c.base_offset, c.object_id) not in gone] + new
+    kept.sort(key=lambda c: c.base_offset)
+    return kept
+
+
 def wake_readers(st: Stream) -> None:
     """Resolve the futures of `wait_for_append` calls waiting on the stream."""
     waiters, st.waiters = st.waiters, []
@@ -138,22 +162,17 @@ class IndexMixin:
             self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
         for c in new:
             self._object_chunks.setdefault(c.object_id, set()).add((c.position, c.length))
-        gone = {(c.stream_id, c.base_offset, c.object_id) for c in old}
-        touched = {c.stream_id for c in old} | {c.stream_id for c in new}
-        for sid in touched:
+        olds: dict[int, list[ChunkRow]] = {}
+        for c in old:
+            olds.setdefault(c.stream_id, []).append(c)
+        news: dict[int, list[Chunk]] = {}
+        for c in new:
+            news.setdefault(c.stream_id, []).append(Chunk(
+                c.base_offset, c.last_offset, c.object_id, c.position, c.length, c.max_timestamp))
+        for sid in olds.keys() | news.keys():
             st = self.streams.get(sid)
-            if st is None:
-                continue
-            kept = [c for c in st.chunks if (sid, c.base_offset, c.object_id) not in gone]
-            kept += [
-                Chunk(
-                    c.base_offset, c.last_offset, c.object_id, c.position, c.length, c.max_timestamp
-                )
-                for c in new
-                if c.stream_id == sid
-            ]
-            kept.sort(key=lambda c: c.base_offset)
-            st.set_chunks(kept)
+            if st is not None:
+                st.set_chunks(_replaced(st, olds.get(sid, []), news.get(sid, [])))
 
     def forget_objects(self, object_ids: list[int]) -> None:
         for oid in object_ids:

@@ -100,7 +100,8 @@ class Connection(ABC):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
 
     @abstractmethod
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        """Run `sql` once per row; the number of rows the runs changed, summed."""
 
     @abstractmethod
     def close(self) -> None: ...

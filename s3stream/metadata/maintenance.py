@@ -42,10 +42,8 @@ class LogMaintenanceMixin(StoreBase):
             live = self._lock_streams(db, [c.stream_id for c in old_chunks + new_chunks])
             for g in guards:  # e.g. the writer still leads these streams
                 g.apply(db, set(live))
-            removed = 0
-            for c in old_chunks:
-                removed += db.execute(_DELETE_CHUNK, (c.stream_id, c.base_offset,
-                                                      c.object_id)).rowcount
+            removed = db.executemany(_DELETE_CHUNK, [(c.stream_id, c.base_offset, c.object_id)
+                                                     for c in old_chunks])
             if removed != len(old_chunks):
                 raise MetadataError("the chunks to replace changed underneath the compaction")
             db.executemany("INSERT INTO objects VALUES (?,?,?,?,?)",

@@ -77,10 +77,11 @@ class PostgresConnection(Connection):
                 raise
             raise mapped from e
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         try:
             with self._conn.cursor() as cur:
                 cur.executemany(_pg_sql(sql), rows)
+                return cur.rowcount  # summed by psycopg (>= 3.1) when nothing is returned
         except psycopg.Error as e:
             if (mapped := self._translate(e)) is None:
                 raise

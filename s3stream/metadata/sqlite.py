@@ -39,9 +39,9 @@ class SqliteConnection(Connection):
                 raise LockBusyError(str(e)) from e
             raise
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         try:
-            self._db.executemany(sql, rows)
+            return self._db.executemany(sql, rows).rowcount  # summed by sqlite3
         except sqlite3.IntegrityError as e:
             raise MetadataError(str(e)) from e
         except sqlite3.OperationalError as e:

@@ -77,8 +77,8 @@ class LoseCommit(Connection):
             raise MetadataUnavailableError("injected: connection lost during COMMIT")
         return self.inner.execute(sql, params)
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self.inner.executemany(sql, rows)
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        return self.inner.executemany(sql, rows)
 
     def close(self) -> None:
         self.inner.close()
