@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from s3stream import walformat
+from s3stream.index import by_stream
 from s3stream.log import LogStore
 from s3stream.metadata import ChunkRow, CommitInDoubtError, MetadataError, ObjectRow
 from s3stream.stats import attributed
@@ -259,12 +260,7 @@ class Compactor:
         # the index, a stream at a time: each stream's swap is whole, and the event loop serves
         # requests between them (tens of thousands of chunks took ~70 ms of it at once)
         keys = {o.object_id: o.key for o in new_objects}
-        by_stream: dict[int, tuple[list[ChunkRow], list[ChunkRow]]] = {}
-        for c in new_chunks:
-            by_stream.setdefault(c.stream_id, ([], []))[0].append(c)
-        for c in old_chunks:
-            by_stream.setdefault(c.stream_id, ([], []))[1].append(c)
-        for new_of, old_of in by_stream.values():
+        for new_of, old_of in by_stream(new_chunks, old_chunks).values():
             self.store.replace_chunks(new_of, old_of, keys)
             await asyncio.sleep(0)
         stats.wal_objects += len(plan.wal_objects)

@@ -90,6 +90,17 @@ class Stream:
         self.bases = [c.base_offset for c in chunks]
 
 
+def by_stream(new: list[ChunkRow], old: list[ChunkRow]
+              ) -> dict[int, tuple[list[ChunkRow], list[ChunkRow]]]:
+    """The new and the old chunks of a swap (`IndexMixin.replace_chunks`), by stream."""
+    out: dict[int, tuple[list[ChunkRow], list[ChunkRow]]] = {}
+    for c in new:
+        out.setdefault(c.stream_id, ([], []))[0].append(c)
+    for c in old:
+        out.setdefault(c.stream_id, ([], []))[1].append(c)
+    return out
+
+
 def _replaced(st: Stream, old: list[ChunkRow], new: list[Chunk]) -> list[Chunk]:
     """The stream's chunk list with `old` (its chunks in compacted objects) swapped for `new`
     (the same offsets in new objects). A compaction's old chunks of a stream are one run of
@@ -162,17 +173,12 @@ class IndexMixin:
             self._object_chunks.get(c.object_id, set()).discard((c.position, c.length))
         for c in new:
             self._object_chunks.setdefault(c.object_id, set()).add((c.position, c.length))
-        olds: dict[int, list[ChunkRow]] = {}
-        for c in old:
-            olds.setdefault(c.stream_id, []).append(c)
-        news: dict[int, list[Chunk]] = {}
-        for c in new:
-            news.setdefault(c.stream_id, []).append(Chunk(
-                c.base_offset, c.last_offset, c.object_id, c.position, c.length, c.max_timestamp))
-        for sid in olds.keys() | news.keys():
+        for sid, (new_of, old_of) in by_stream(new, old).items():
             st = self.streams.get(sid)
             if st is not None:
-                st.set_chunks(_replaced(st, olds.get(sid, []), news.get(sid, [])))
+                st.set_chunks(_replaced(st, old_of, [
+                    Chunk(c.base_offset, c.last_offset, c.object_id, c.position, c.length,
+                          c.max_timestamp) for c in new_of]))
 
     def forget_objects(self, object_ids: list[int]) -> None:
         for oid in object_ids:
